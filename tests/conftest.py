@@ -1,0 +1,35 @@
+"""Test harness: process hygiene first, then a shared in-process engine cache."""
+
+from __future__ import annotations
+
+from vllm_dartree.testing.engine import prepare_process
+
+prepare_process()  # before anything imports vLLM
+
+import pytest  # noqa: E402
+
+from vllm_dartree.testing import tiny_models  # noqa: E402
+from vllm_dartree.testing.engine import EngineCache  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def engines():
+    cache = EngineCache(max_alive=1)
+    yield cache
+    cache.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_target():
+    return tiny_models.write_target()
+
+
+@pytest.fixture(scope="session")
+def tiny_dflash():
+    return tiny_models.write_drafter(tiny_models.DrafterSpec())
+
+
+@pytest.fixture(scope="session")
+def tiny_domino():
+    return tiny_models.write_drafter(tiny_models.DrafterSpec(domino=True))
+

@@ -1,0 +1,37 @@
+"""``vllm-dartree serve`` forwards to vLLM's OpenAI server with the plugin loaded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from vllm_dartree.testing.server import http_json, running_server
+from vllm_dartree.testing.tiny_models import TargetSpec, write_target
+
+
+def test_cli_rejects_unknown_commands():
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm_dartree.cli", "serv"], capture_output=True, text=True
+    )
+    assert out.returncode == 2 and "invalid choice: 'serv'" in out.stderr
+
+
+@pytest.mark.e2e
+def test_serve_answers_completions_and_chat():
+    model = write_target(TargetSpec(with_tokenizer=True))
+    args = ("--dtype", "float32", "--max-model-len", "256", "--enforce-eager")
+    with running_server(model, *args, log_name="test_cli.log") as base:
+        completion = http_json(
+            base + "/v1/completions",
+            {"model": "tiny", "prompt": "def hello(self):", "max_tokens": 8, "temperature": 0},
+        )
+        chat = http_json(
+            base + "/v1/chat/completions",
+            {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+             "temperature": 0},
+        )
+    assert completion["usage"]["completion_tokens"] == 8
+    assert completion["choices"][0]["text"]
+    assert chat["choices"][0]["message"]["content"]

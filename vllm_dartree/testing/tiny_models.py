@@ -1,0 +1,270 @@
+"""Write tiny models, from a seed, in the exact on-disk formats users load.
+
+- a Qwen3 target (``Qwen3ForCausalLM``, safetensors, untied embeddings);
+- a z-lab-style DFlash drafter (``DFlashDraftModel``, non-shift layout, no embed/lm_head);
+- a Domino drafter (the same backbone plus ``prefix_gru`` and ``embed_proj``, shift layout).
+
+Every writer is deterministic in its arguments and caches its output under
+``.cache/models/tiny/`` keyed by those arguments, so a test session writes each model once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from vllm_dartree.env import cache_dir
+
+# CPU attention supports only these head sizes.
+CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    vocab_size: int = 512
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    # Large init and untied embeddings give varied greedy output (std 0.02 repeats a token).
+    init_std: float = 0.5
+    max_position_embeddings: int = 2048
+    seed: int = 0
+    with_tokenizer: bool = False
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    target: TargetSpec = field(default_factory=TargetSpec)
+    num_hidden_layers: int = 1
+    block_size: int = 16
+    target_layer_ids: tuple[int, ...] = (0, 1)
+    domino: bool = False
+    gru_hidden_dim: int = 64
+    emb_dim: int = 32
+    pure_draft_prefix_len: int = 1
+    init_std: float = 0.1
+    seed: int = 1
+
+    @property
+    def mask_token_id(self) -> int:
+        # Like Qwen3's <|MASK|>: a row of the embedding the tokenizer never produces.
+        return self.target.vocab_size - 1
+
+
+TINY_VOCAB_TARGET = TargetSpec(vocab_size=48, seed=3)
+
+
+def _cached_dir(kind: str, spec: object, write) -> Path:
+    """Return the cache folder for ``spec``; write it atomically if absent."""
+    payload = json.dumps({"kind": kind, **asdict(spec)}, sort_keys=True, default=str)
+    digest = hashlib.sha256(payload.encode()).hexdigest()[:12]
+    out = cache_dir() / "models" / "tiny" / f"{kind}-{digest}"
+    if (out / "config.json").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=out.parent))
+    try:
+        write(tmp)
+        (tmp / "spec.json").write_text(payload)
+        shutil.rmtree(out, ignore_errors=True)  # an incomplete earlier write
+        os.replace(tmp, out)
+    except OSError:
+        if not (out / "config.json").exists():  # lost a race only if the winner finished
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _normal(gen: torch.Generator, std: float, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen) * std
+
+
+def _attention_and_mlp(
+    gen: torch.Generator, prefix: str, hidden: int, inter: int, heads: int, kv: int, hd: int,
+    std: float,
+) -> dict[str, torch.Tensor]:
+    """Weights of one Qwen3 decoder layer, by their Hugging Face names."""
+    scale = std / max(1.0, (hidden / 64) ** 0.5)
+    return {
+        f"{prefix}.self_attn.q_proj.weight": _normal(gen, scale, heads * hd, hidden),
+        f"{prefix}.self_attn.k_proj.weight": _normal(gen, scale, kv * hd, hidden),
+        f"{prefix}.self_attn.v_proj.weight": _normal(gen, scale, kv * hd, hidden),
+        f"{prefix}.self_attn.o_proj.weight": _normal(gen, scale, hidden, heads * hd),
+        f"{prefix}.self_attn.q_norm.weight": torch.ones(hd),
+        f"{prefix}.self_attn.k_norm.weight": torch.ones(hd),
+        f"{prefix}.mlp.gate_proj.weight": _normal(gen, scale, inter, hidden),
+        f"{prefix}.mlp.up_proj.weight": _normal(gen, scale, inter, hidden),
+        f"{prefix}.mlp.down_proj.weight": _normal(gen, scale, hidden, inter),
+        f"{prefix}.input_layernorm.weight": torch.ones(hidden),
+        f"{prefix}.post_attention_layernorm.weight": torch.ones(hidden),
+    }
+
+
+def _qwen3_config(spec: TargetSpec) -> dict:
+    if spec.head_dim not in CPU_HEAD_DIMS:
+        raise ValueError(f"head_dim={spec.head_dim} is not one of CPU attention's {CPU_HEAD_DIMS}")
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_hidden_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "head_dim": spec.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "pad_token_id": 0,
+        "torch_dtype": "float32",
+    }
+
+
+def write_target(spec: TargetSpec = TargetSpec()) -> Path:
+    """A random Qwen3 causal LM checkpoint (``config.json`` + ``model.safetensors``)."""
+
+    def write(out: Path) -> None:
+        gen = torch.Generator().manual_seed(spec.seed)
+        weights = {
+            "model.embed_tokens.weight": _normal(gen, 1.0, spec.vocab_size, spec.hidden_size),
+            "model.norm.weight": torch.ones(spec.hidden_size),
+            "lm_head.weight": _normal(gen, spec.init_std, spec.vocab_size, spec.hidden_size),
+        }
+        for i in range(spec.num_hidden_layers):
+            weights |= _attention_and_mlp(
+                gen, f"model.layers.{i}", spec.hidden_size, spec.intermediate_size,
+                spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim, spec.init_std,
+            )
+        save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+        (out / "config.json").write_text(json.dumps(_qwen3_config(spec), indent=2))
+        if spec.with_tokenizer:
+            write_tiny_tokenizer(out, spec.vocab_size)
+
+    return _cached_dir("qwen3", spec, write)
+
+
+def drafter_config(spec: DrafterSpec) -> dict:
+    """config.json of a DFlash (z-lab) or Domino drafter for ``spec.target``."""
+    t = spec.target
+    dflash_config: dict = {
+        "mask_token_id": spec.mask_token_id,
+        "target_layer_ids": list(spec.target_layer_ids),
+    }
+    config = _qwen3_config(t) | {
+        "architectures": ["DFlashDraftModel"],
+        "num_hidden_layers": spec.num_hidden_layers,
+        "block_size": spec.block_size,
+        "num_target_layers": t.num_hidden_layers,
+        "dflash_config": dflash_config,
+    }
+    if spec.domino:
+        dflash_config |= {
+            "projector_type": "domino",
+            "pure_draft_prefix_len": spec.pure_draft_prefix_len,
+            "gru_hidden_dim": spec.gru_hidden_dim,
+            "emb_dim": spec.emb_dim,
+            "shift_label": True,
+        }
+        config["emb_dim"] = spec.emb_dim
+    return config
+
+
+def drafter_weights(spec: DrafterSpec) -> dict[str, torch.Tensor]:
+    """Random drafter weights under the released checkpoints' names (no embed, no lm_head)."""
+    t = spec.target
+    hidden = t.hidden_size
+    gen = torch.Generator().manual_seed(spec.seed)
+    weights = {
+        "fc.weight": _normal(gen, spec.init_std, hidden, hidden * len(spec.target_layer_ids)),
+        "hidden_norm.weight": torch.ones(hidden),
+        "norm.weight": torch.ones(hidden),
+    }
+    for i in range(spec.num_hidden_layers):
+        weights |= _attention_and_mlp(
+            gen, f"layers.{i}", hidden, t.intermediate_size, t.num_attention_heads,
+            t.num_key_value_heads, t.head_dim, spec.init_std,
+        )
+    if spec.domino:
+        g, e = spec.gru_hidden_dim, spec.emb_dim
+        weights |= {
+            "prefix_gru.weight_ih_l0": _normal(gen, spec.init_std, 3 * g, hidden),
+            "prefix_gru.weight_hh_l0": _normal(gen, spec.init_std, 3 * g, g),
+            "embed_proj.0.weight": _normal(gen, spec.init_std, e, hidden + g),
+            "embed_proj.2.weight": _normal(gen, spec.init_std, t.vocab_size, e),
+        }
+    return weights
+
+
+def write_drafter(spec: DrafterSpec) -> Path:
+    """A random DFlash or Domino drafter checkpoint for ``spec.target``."""
+
+    def write(out: Path) -> None:
+        save_file(drafter_weights(spec), out / "model.safetensors", metadata={"format": "pt"})
+        (out / "config.json").write_text(json.dumps(drafter_config(spec), indent=2))
+
+    return _cached_dir("domino" if spec.domino else "dflash", spec, write)
+
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def write_tiny_tokenizer(out: Path, vocab_size: int) -> None:
+    """A byte-level BPE of ``vocab_size`` entries trained on Python's own stdlib sources."""
+    import sysconfig
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts = [p.read_text(errors="ignore") for p in sorted(stdlib.glob("*.py"))[:40]]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - 1,  # the last id is the drafters' mask token
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out))
+
+
+def random_prompts(
+    n: int, vocab_size: int, seed: int = 0, min_len: int = 3, max_len: int = 40
+) -> list[list[int]]:
+    """Deterministic token-id prompts of varied length; never id 0 (eos) or the mask id."""
+    import random
+
+    rng = random.Random(seed)
+    return [
+        [rng.randrange(1, vocab_size - 1) for _ in range(rng.randint(min_len, max_len))]
+        for _ in range(n)
+    ]
