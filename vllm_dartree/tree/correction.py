@@ -1,0 +1,141 @@
+"""Domino correction head (GRU over realised tokens + low-rank vocabulary bias), pure torch.
+
+The head rescores drafter candidates along a branch: its GRU state has consumed the target
+embeddings of every token on the branch (root included), and the additive bias for a slot
+is ``SiLU(proj0 . [z ; s]) . proj2^T`` with z the drafter hidden state of that slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class DominoHead:
+    """Weights of a Domino head (names follow the checkpoint, shapes documented inline)."""
+
+    embed: torch.Tensor  # [V, H] the target's token embedding (GRU input)
+    gru_ih: torch.Tensor  # [3G, H] nn.GRU weight_ih_l0, gate rows r, z, n
+    gru_hh: torch.Tensor  # [3G, G] nn.GRU weight_hh_l0
+    proj0: torch.Tensor  # [E, H+G] embed_proj.0; first H columns act on z, last G on s
+    proj2: torch.Tensor  # [V, E] embed_proj.2
+    pure_draft_prefix_len: int = 1
+
+    def __post_init__(self) -> None:
+        hidden = self.embed.shape[1]
+        state = self.gru_hh.shape[1]
+        if self.gru_ih.shape != (3 * state, hidden):
+            raise ValueError(f"gru_ih must be [3G, H] = {[3 * state, hidden]}, got "
+                             f"{list(self.gru_ih.shape)}")
+        if self.proj0.shape[1] != hidden + state:
+            raise ValueError(f"proj0 must have H+G = {hidden + state} columns, got "
+                             f"{self.proj0.shape[1]}")
+        if self.proj2.shape[1] != self.proj0.shape[0]:
+            raise ValueError(f"proj2 must be [V, E] with E = {self.proj0.shape[0]}, got "
+                             f"{list(self.proj2.shape)}")
+        if self.pure_draft_prefix_len < 0:
+            raise ValueError(f"pure_draft_prefix_len must be >= 0, got "
+                             f"{self.pure_draft_prefix_len}")
+
+    @property
+    def hidden_size(self) -> int:
+        return self.embed.shape[1]
+
+    @property
+    def state_size(self) -> int:
+        return self.gru_hh.shape[1]
+
+    @property
+    def proj_z(self) -> torch.Tensor:
+        """[E, H] the part of proj0 that acts on the drafter hidden state."""
+        return self.proj0[:, : self.hidden_size]
+
+    @property
+    def proj_s(self) -> torch.Tensor:
+        """[E, G] the part of proj0 that acts on the GRU state."""
+        return self.proj0[:, self.hidden_size :]
+
+    def corrects_depth(self, depth: int) -> bool:
+        """Whether tree depth ``depth`` (1-based; draft slot depth-1) gets the bias."""
+        return depth - 1 >= self.pure_draft_prefix_len
+
+    # ----------------------------------------------------------------------------- GRU
+    def gru_step(self, x_emb: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """One nn.GRU(bias=False) step: x_emb [..., H], h [..., G] -> h' [..., G]."""
+        return self.gru_step_from_gates(x_emb @ self.gru_ih.T, h)
+
+    def gru_step_from_gates(self, input_gates: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """GRU step given the input projection W_ih x [..., 3G] (lets callers batch it)."""
+        in_r, in_z, in_n = input_gates.chunk(3, dim=-1)
+        hid_r, hid_z, hid_n = (h @ self.gru_hh.T).chunk(3, dim=-1)
+        reset = torch.sigmoid(in_r + hid_r)
+        update = torch.sigmoid(in_z + hid_z)
+        candidate = torch.tanh(in_n + reset * hid_n)
+        return (1 - update) * candidate + update * h
+
+    def root_state(self, root_tokens: torch.Tensor) -> torch.Tensor:
+        """[R] -> [R, G]: the state after consuming the root token from a zero state."""
+        emb = self.embed[root_tokens]
+        zero = emb.new_zeros(*root_tokens.shape, self.state_size)
+        return self.gru_step(emb, zero)
+
+    def advance(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """h [R, N, G], tokens [R, N] -> the states after consuming each token."""
+        return self.gru_step(self.embed[tokens], h)
+
+    # ------------------------------------------------------------------------ scoring
+    def project_hidden(self, z_hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., E]: W_z . z, shared by every parent of a depth."""
+        return z_hidden @ self.proj_z.T
+
+    def candidate_weights(self, cand_ids: torch.Tensor) -> torch.Tensor:
+        """[..., K] -> [..., K, E]: only the proj2 rows of the candidates."""
+        return self.proj2[cand_ids]
+
+    def bias_from_parts(
+        self, z_proj: torch.Tensor, h: torch.Tensor, cand_weights: torch.Tensor
+    ) -> torch.Tensor:
+        """z_proj [R, E], h [R, N, G], cand_weights [R, K, E] -> bias [R, N, K]."""
+        mid = F.silu(z_proj.unsqueeze(1) + h @ self.proj_s.T)
+        return mid @ cand_weights.transpose(1, 2)
+
+    def candidate_bias(
+        self, z_hidden: torch.Tensor, h: torch.Tensor, cand_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """z_hidden [R, H], h [R, N, G], cand_ids [R, K] -> bias of each candidate [R, N, K]."""
+        return self.bias_from_parts(
+            self.project_hidden(z_hidden), h, self.candidate_weights(cand_ids)
+        )
+
+    def full_bias(self, z_hidden: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """Reference full-vocabulary bias: z [..., H], h [..., G] -> [..., V]."""
+        return F.silu(torch.cat([z_hidden, h], dim=-1) @ self.proj0.T) @ self.proj2.T
+
+    @classmethod
+    def random(
+        cls,
+        vocab: int,
+        hidden: int,
+        state: int,
+        proj: int,
+        *,
+        pure_draft_prefix_len: int = 1,
+        generator: torch.Generator | None = None,
+        scale: float = 1.0,
+    ) -> DominoHead:
+        """Random weights with roughly unit-variance activations (tests, benchmarks)."""
+
+        def rand(*shape: int, fan_in: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=generator) * (scale / fan_in**0.5)
+
+        return cls(
+            embed=torch.randn(vocab, hidden, generator=generator),
+            gru_ih=rand(3 * state, hidden, fan_in=hidden),
+            gru_hh=rand(3 * state, state, fan_in=state),
+            proj0=rand(proj, hidden + state, fan_in=hidden + state),
+            proj2=rand(vocab, proj, fan_in=proj),
+            pure_draft_prefix_len=pure_draft_prefix_len,
+        )

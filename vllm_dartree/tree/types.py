@@ -1,0 +1,136 @@
+"""Batched draft-tree tensors and the masks/positions the verifier needs.
+
+A tree of request r has a root (node 0, the last committed token, not stored) and B drafted
+nodes stored in columns 0..B-1 (column j is node j+1). Nodes are in topological order:
+``parents[r, j] < j + 1``. Trees with fewer than B real nodes are padded with dummy nodes
+(token = root token, parent = root, depth 1, ``valid = False``) so every shape is static.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+WORD_BITS = 64
+
+
+@dataclass
+class DraftTree:
+    """Draft trees of R requests, each padded to B nodes (root excluded)."""
+
+    tokens: torch.Tensor  # [R, B] int64 drafted token per node
+    parents: torch.Tensor  # [R, B] int64 parent node index in 0..B (root = 0)
+    depths: torch.Tensor  # [R, B] int64 depth 1..D
+    num_nodes: torch.Tensor  # [R] int64 number of real (valid) nodes
+    valid: torch.Tensor  # [R, B] bool real node (False = padding)
+    scores: torch.Tensor  # [R, B] float32 path log-prob score (debug / plots)
+    # Static upper bound on node depth (the drafter's number of depths D); fixes the shape
+    # of acceptance outputs without a host sync. None means "use B".
+    max_depth: int | None = None
+
+    @property
+    def num_requests(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def budget(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def depth_limit(self) -> int:
+        return self.budget if self.max_depth is None else self.max_depth
+
+    def parents_with_root(self) -> torch.Tensor:
+        """[R, 1+B] parent of every node including the root (the root is its own parent)."""
+        root = torch.zeros_like(self.parents[:, :1])
+        return torch.cat([root, self.parents], dim=1)
+
+
+def ancestor_mask(tree: DraftTree) -> torch.Tensor:
+    """bool [R, 1+B, 1+B]: row i may attend column j iff j is i or an ancestor of i.
+
+    Pointer doubling: before round k ``visible`` holds the ancestors at distance < 2^k and
+    ``jump`` the 2^k-th ancestor; after ceil(log2(1+B)) rounds every ancestor (depth <= B)
+    is covered.
+    The root is its own parent, so jumps past the root stay at the root.
+    """
+    num_requests, budget = tree.parents.shape
+    size = 1 + budget
+    jump = tree.parents_with_root()
+    eye = torch.eye(size, dtype=torch.bool, device=jump.device)
+    visible = eye.expand(num_requests, size, size).clone()
+    for _ in range(math.ceil(math.log2(size))):
+        # Ancestors at distance 2^k .. 2^(k+1)-1 are the visible set of the 2^k-th ancestor.
+        visible |= torch.gather(visible, 1, jump.unsqueeze(-1).expand(-1, -1, size))
+        jump = torch.gather(jump, 1, jump)
+    return visible
+
+
+def pack_bool_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Pack the last dim of a bool tensor into int64 words (bit j % 64 of word j // 64).
+
+    Bit 63 is the sign bit (two's complement), so a word with bit 63 set is negative.
+    """
+    size = mask.shape[-1]
+    words = math.ceil(size / WORD_BITS)
+    pad = words * WORD_BITS - size
+    bits = torch.nn.functional.pad(mask.to(torch.int64), (0, pad))
+    bits = bits.reshape(*mask.shape[:-1], words, WORD_BITS)
+    weights = torch.ones(WORD_BITS, dtype=torch.int64, device=mask.device)
+    weights = weights << torch.arange(WORD_BITS, dtype=torch.int64, device=mask.device)
+    # Distinct powers of two: the sum equals the bitwise OR (wraps into bit 63 correctly).
+    return (bits * weights).sum(dim=-1)
+
+
+def packed_ancestor_mask(tree: DraftTree) -> torch.Tensor:
+    """int64 [R, 1+B, ceil((1+B)/64)]: ``ancestor_mask`` packed into 64-bit words."""
+    return pack_bool_mask(ancestor_mask(tree))
+
+
+def verify_positions(tree: DraftTree, base_position: torch.Tensor) -> torch.Tensor:
+    """[R, 1+B] positions of the verify tokens: root at ``base_position``, a node at +depth."""
+    base = base_position.to(torch.int64).unsqueeze(1)
+    return torch.cat([base, base + tree.depths], dim=1)
+
+
+def verify_tokens(tree: DraftTree, root_tokens: torch.Tensor) -> torch.Tensor:
+    """[R, 1+B] verify input ids: the root token followed by every node's token."""
+    return torch.cat([root_tokens.to(torch.int64).unsqueeze(1), tree.tokens], dim=1)
+
+
+def padded_tree(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    depths: torch.Tensor,
+    valid: torch.Tensor,
+    scores: torch.Tensor,
+    root_tokens: torch.Tensor,
+    budget: int,
+    max_depth: int | None,
+) -> DraftTree:
+    """Build a DraftTree from [R, n] node tensors (n <= budget), padding to ``budget``.
+
+    Invalid nodes (``valid`` False), whether given or added, become dummy nodes.
+    """
+    num_requests, count = tokens.shape
+    pad = budget - count
+    if pad < 0:
+        raise ValueError(f"tree has {count} nodes, more than budget={budget}")
+    if pad:
+        tokens = torch.nn.functional.pad(tokens, (0, pad))
+        parents = torch.nn.functional.pad(parents, (0, pad))
+        depths = torch.nn.functional.pad(depths, (0, pad), value=1)
+        valid = torch.nn.functional.pad(valid, (0, pad), value=False)
+        scores = torch.nn.functional.pad(scores, (0, pad), value=float("-inf"))
+    root = root_tokens.to(torch.int64).unsqueeze(1).expand(num_requests, budget)
+    return DraftTree(
+        tokens=torch.where(valid, tokens, root),
+        parents=torch.where(valid, parents, torch.zeros_like(parents)),
+        depths=torch.where(valid, depths, torch.ones_like(depths)),
+        num_nodes=valid.sum(dim=1).to(torch.int64),
+        valid=valid,
+        scores=torch.where(valid, scores, torch.full_like(scores, float("-inf"))).float(),
+        max_depth=max_depth,
+    )
