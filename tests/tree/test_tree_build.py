@@ -19,7 +19,7 @@ from vllm_dartree.tree.build import (
     prepare_candidates,
 )
 
-SETTINGS = settings(max_examples=20, deadline=None)
+SETTINGS = settings(max_examples=40, deadline=None)
 HIDDEN, STATE, PROJ = 8, 6, 4
 
 
@@ -205,9 +205,11 @@ def test_fixed_matches_reference(seed, depths, vocab, top_k, budget, prefix):
 
 def test_pruned_at_paper_shapes_matches_reference():
     base, hidden, root, head = make_inputs(7, 1, 16, 300)
-    tree = build_tree("pruned", base, hidden, root, head, budget=64, top_k=64, width=12)
     expected = ref_dartree(base[0], hidden[0], root[0], head, 64, lambda d, rem: 12, 64, -0.2)
-    assert_same_paths(node_paths(tree, 0), expected)
+    for variant_head in (head, head.with_input_gate_table()):  # both GRU input paths
+        tree = build_tree("pruned", base, hidden, root, variant_head, budget=64, top_k=64,
+                          width=12)
+        assert_same_paths(node_paths(tree, 0), expected)
 
 
 def test_sequential_equals_pruned_with_width_budget():

@@ -54,6 +54,19 @@ def test_candidate_bias_equals_full_bias_at_candidates(head):
     torch.testing.assert_close(bias, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_input_gate_table_gives_the_same_states(head):
+    gen = torch.Generator().manual_seed(4)
+    tokens = torch.randint(0, VOCAB, (2, 5), generator=gen)
+    h = torch.randn(2, 5, STATE, generator=gen)
+    fast = head.with_input_gate_table(chunk=7)
+    assert fast.input_gate_table.shape == (VOCAB, 3 * STATE)
+    torch.testing.assert_close(fast.advance(h, tokens), head.advance(h, tokens))
+    torch.testing.assert_close(fast.root_state(tokens[:, 0]), head.root_state(tokens[:, 0]))
+    with pytest.raises(ValueError, match="input_gate_table"):
+        DominoHead(head.embed, head.gru_ih, head.gru_hh, head.proj0, head.proj2,
+                   input_gate_table=fast.input_gate_table[:, 1:])
+
+
 def test_corrects_depth_follows_pure_draft_prefix_len(head):
     assert not head.corrects_depth(1) and head.corrects_depth(2)
     head.pure_draft_prefix_len = 0

@@ -16,6 +16,7 @@ from vllm_dartree.tree.types import DraftTree
 GREEDY_TEMPERATURE = 1e-5
 
 
+@torch.no_grad()
 def sample_every_node(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -45,6 +46,7 @@ class AcceptResult:
     accepted_tokens: torch.Tensor  # [R, D+1] drafted path tokens then the bonus, -1 pad
 
 
+@torch.no_grad()
 def accept_tree(tree: DraftTree, target_choice: torch.Tensor) -> AcceptResult:
     """Walk from the root to the valid child whose token equals the target's choice.
 

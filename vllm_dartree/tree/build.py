@@ -27,6 +27,7 @@ VARIANTS = ("chain", "ddtree", "fixed", "pruned", "sequential")
 SMALL_SORT = 4096
 
 
+@torch.no_grad()  # trees are data: never build autograd graphs through the head weights
 def build_tree(
     variant: str,
     base_logits: torch.Tensor,

@@ -7,7 +7,7 @@ is ``SiLU(proj0 . [z ; s]) . proj2^T`` with z the drafter hidden state of that s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,9 @@ class DominoHead:
     proj0: torch.Tensor  # [E, H+G] embed_proj.0; first H columns act on z, last G on s
     proj2: torch.Tensor  # [V, E] embed_proj.2
     pure_draft_prefix_len: int = 1
+    # Optional [V, 3G] table embed . gru_ih^T (DARTree's fast path): a GRU step becomes a row
+    # gather plus the [3G, G] recurrent matmul. Build it with ``with_input_gate_table``.
+    input_gate_table: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         hidden = self.embed.shape[1]
@@ -36,6 +39,10 @@ class DominoHead:
         if self.proj2.shape[1] != self.proj0.shape[0]:
             raise ValueError(f"proj2 must be [V, E] with E = {self.proj0.shape[0]}, got "
                              f"{list(self.proj2.shape)}")
+        table = self.input_gate_table
+        if table is not None and table.shape != (self.embed.shape[0], 3 * state):
+            raise ValueError(f"input_gate_table must be [V, 3G] = "
+                             f"{[self.embed.shape[0], 3 * state]}, got {list(table.shape)}")
         if self.pure_draft_prefix_len < 0:
             raise ValueError(f"pure_draft_prefix_len must be >= 0, got "
                              f"{self.pure_draft_prefix_len}")
@@ -76,15 +83,27 @@ class DominoHead:
         candidate = torch.tanh(in_n + reset * hid_n)
         return (1 - update) * candidate + update * h
 
+    def input_gates(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[...] token ids -> W_ih . emb(token) [..., 3G] (a table gather when available)."""
+        if self.input_gate_table is not None:
+            return self.input_gate_table[tokens]
+        return self.embed[tokens] @ self.gru_ih.T
+
+    def with_input_gate_table(self, chunk: int = 8192) -> DominoHead:
+        """A copy of the head with ``input_gate_table`` computed (once per model)."""
+        rows = [self.embed[start : start + chunk] @ self.gru_ih.T
+                for start in range(0, self.embed.shape[0], chunk)]
+        return replace(self, input_gate_table=torch.cat(rows))
+
     def root_state(self, root_tokens: torch.Tensor) -> torch.Tensor:
         """[R] -> [R, G]: the state after consuming the root token from a zero state."""
-        emb = self.embed[root_tokens]
-        zero = emb.new_zeros(*root_tokens.shape, self.state_size)
-        return self.gru_step(emb, zero)
+        gates = self.input_gates(root_tokens)
+        zero = gates.new_zeros(*root_tokens.shape, self.state_size)
+        return self.gru_step_from_gates(gates, zero)
 
     def advance(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """h [R, N, G], tokens [R, N] -> the states after consuming each token."""
-        return self.gru_step(self.embed[tokens], h)
+        return self.gru_step_from_gates(self.input_gates(tokens), h)
 
     # ------------------------------------------------------------------------ scoring
     def project_hidden(self, z_hidden: torch.Tensor) -> torch.Tensor:
