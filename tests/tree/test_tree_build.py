@@ -400,5 +400,7 @@ def test_argument_validation():
             build_tree(variant, base, hidden, root, head, **kwargs)
     with pytest.raises(ValueError, match="draft_hidden"):
         build_tree("pruned", base, None, root, head, top_k=4)
+    with pytest.raises(ValueError, match="D >= 1"):
+        build_tree("chain", base[:, :0], None, root, None)
     with pytest.raises(ValueError, match="root_tokens"):
         build_tree("pruned", base, hidden, root[:1], head, top_k=4)

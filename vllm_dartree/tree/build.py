@@ -23,7 +23,7 @@ from vllm_dartree.tree.correction import DominoHead
 from vllm_dartree.tree.types import DraftTree, padded_tree
 
 VARIANTS = ("chain", "ddtree", "fixed", "pruned", "sequential")
-# Below this many entries a full stable sort is cheaper than the threshold trick.
+# Rows up to this length are fully (stably) sorted; longer rows use two topk passes.
 SMALL_SORT = 4096
 
 
@@ -44,7 +44,8 @@ def build_tree(
 
     - ``chain``: greedy chain of min(D, budget) nodes (head: corrected argmax over the top-K
       candidates, GRU advanced along the chain = Domino; no head: argmax of base logits).
-    - ``ddtree``: best-first over factorised full-vocabulary marginals (head unused).
+    - ``ddtree``: best-first over factorised full-vocabulary marginals, min(budget, V) ranks
+      per depth as in the reference (``head``, ``draft_hidden``, ``top_k`` unused).
     - ``fixed``: DARTree with per-depth quota ceil(remaining budget / remaining depths)
       (``depth_bonus`` is unused: the quotas already sum to the budget).
     - ``pruned``: DARTree supertree of ``width`` nodes per depth, then the global top-budget
@@ -82,7 +83,10 @@ def _validate(variant, base_logits, draft_hidden, root_tokens, head, budget, top
         raise ValueError(f"variant={variant!r} is unknown; allowed: {', '.join(VARIANTS)}")
     if base_logits.dim() != 3:
         raise ValueError(f"base_logits must be [R, D, V], got shape {list(base_logits.shape)}")
-    num_requests, _, vocab = base_logits.shape
+    num_requests, num_depths, vocab = base_logits.shape
+    if num_depths < 1 or vocab < 1:
+        raise ValueError(f"base_logits must have D >= 1 depths and V >= 1 tokens, got shape "
+                         f"{list(base_logits.shape)}")
     if root_tokens.shape != (num_requests,):
         raise ValueError(f"root_tokens must be [R] = [{num_requests}], got "
                          f"{list(root_tokens.shape)}")
@@ -246,9 +250,8 @@ def grow_supertree(
         depths.append(torch.full_like(child_tokens, depth))
         scores.append(child_scores)
         if with_states and depth < num_depths:
-            parent_states = states.gather(1, parent_slot.unsqueeze(-1).expand(-1, -1,
-                                                                               states.shape[-1]))
-            states = head.advance(parent_states, child_tokens)
+            state_index = parent_slot.unsqueeze(-1).expand(-1, -1, states.shape[-1])
+            states = head.advance(states.gather(1, state_index), child_tokens)
         frontier_scores = child_scores
         frontier_nodes = torch.arange(next_node, next_node + quota, device=device)
         frontier_nodes = frontier_nodes.expand(num_requests, quota)
