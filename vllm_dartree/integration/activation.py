@@ -14,7 +14,9 @@ import os
 from typing import Any
 
 from vllm_dartree import METHOD_NAME
-from vllm_dartree.integration.patching import VllmPatch, check_vllm_version
+from vllm_dartree.integration.patching import VllmPatch, check_vllm_version, installed_vllm_version
+
+SETTINGS_ATTR = "dartree"  # attribute of vLLM's SpeculativeConfig carrying DARTreeConfig
 
 logger = logging.getLogger("vllm.dartree")
 
@@ -50,13 +52,32 @@ def install_gate() -> None:
         SpeculativeConfigGate.apply()
 
 
+_activated = False
+
+
 def activate() -> None:
-    """Apply every patch dartree needs in this process (idempotent)."""
+    """Apply every patch dartree needs in this process (once)."""
+    global _activated
     check_vllm_version()
     os.environ[ACTIVE_ENV] = "1"  # inherited by engine processes spawned from here
+    if _activated:
+        return
+    _activated = True
+    from vllm.platforms import current_platform
+
     from vllm_dartree.integration.compat import fix_expand_kernel_if_broken
+    from vllm_dartree.integration.drafter_model import register_drafter_model
+    from vllm_dartree.integration.runner import RUNNER_PATCHES
 
     fix_expand_kernel_if_broken()
+    register_drafter_model()
+    if current_platform.is_cpu():
+        from vllm_dartree.integration.cpu_attention import register_tree_cpu_attention
+
+        register_tree_cpu_attention()
+    for patch in RUNNER_PATCHES:
+        patch.apply()
+    logger.info("vllm-dartree activated (vLLM %s)", installed_vllm_version())
 
 
 def build_dartree_speculative_config(engine_args, original, target_model_config, parallel_config):
@@ -66,7 +87,47 @@ def build_dartree_speculative_config(engine_args, original, target_model_config,
 
     config = parse_speculative_config(engine_args.speculative_config)
     activate()
-    raise NotImplementedError(
-        f"speculative method 'dartree' ({config.tree}, B={config.budget}) is validated but its "
-        "engine integration is not available in this build yet"
+    requested = engine_args.speculative_config
+    # vLLM carries dartree as its DFlash method (same drafter plumbing) with B draft slots;
+    # the dartree settings ride along on the config object into every engine process.
+    engine_args.speculative_config = {
+        "method": "dflash",
+        "model": config.model,
+        "num_speculative_tokens": config.budget,
+        **config.vllm_options,
+    }
+    try:
+        speculative = original(engine_args, target_model_config, parallel_config)
+    finally:
+        engine_args.speculative_config = requested
+    check_drafter(config, speculative.draft_model_config.hf_config, target_model_config,
+                  parallel_config)
+    object.__setattr__(speculative, SETTINGS_ATTR, config)
+    logger.info("vllm-dartree: tree=%s B=%d W=%d K=%d beta=%g drafter=%s", config.tree,
+                config.budget, config.width, config.top_k, config.effective_depth_bonus,
+                config.model)
+    return speculative
+
+
+def check_drafter(config, draft_hf_config, target_model_config, parallel_config) -> None:
+    """Drafter/target/settings mismatches, reported before any weight is loaded."""
+    from vllm_dartree.config import DARTreeConfigError
+    from vllm_dartree.integration.drafter_model import read_layout
+
+    layout = read_layout(
+        draft_hf_config,
+        target_vocab=target_model_config.get_vocab_size(),
+        target_hidden=target_model_config.get_hidden_size(),
+        target_layers=target_model_config.get_num_layers(parallel_config),
     )
+    if config.correction and not layout.has_head:
+        raise DARTreeConfigError(
+            f"speculative_config key 'correction' = True needs a drafter with a Domino head; "
+            f"{config.model} is a DFlash checkpoint without one (set correction to false or "
+            "use a Domino drafter)"
+        )
+    if config.top_k > target_model_config.get_vocab_size():
+        raise DARTreeConfigError(
+            f"speculative_config key 'top_k' = {config.top_k} exceeds the vocabulary size "
+            f"{target_model_config.get_vocab_size()}"
+        )

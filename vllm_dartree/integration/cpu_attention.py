@@ -1,0 +1,187 @@
+"""Tree verification in vLLM's CPU attention backend (torch path).
+
+Patched symbol: ``AttentionBackendEnum.CPU_ATTN`` in vLLM's backend registry
+(``vllm.v1.attention.backends.registry.register_backend``, vLLM 0.32/0.33) now names
+:class:`TreeCPUAttentionBackend`. Every row is computed by the stock kernel first; while a
+tree verify step is active (set by the runner around the target forward only), the rows of
+tree requests are recomputed so that each node attends to the request's committed prefix
+plus its own ancestors, which is what the target would see had it decoded that branch.
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import contextmanager
+
+import torch
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
+
+from vllm_dartree.integration.verify import VerifyStep
+
+_active_step: VerifyStep | None = None
+
+
+@contextmanager
+def tree_verify(step: VerifyStep | None):
+    """Mark the target forward of a tree verify step (the drafter's forward is never inside)."""
+    global _active_step
+    _active_step = step
+    try:
+        yield
+    finally:
+        _active_step = None
+
+
+@functools.lru_cache(maxsize=16)
+def kv_slot_layout(isa: str, block_size: int, head_size: int, dtype: torch.dtype
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the CPU kernels store token ``o``'s key/value element ``d`` inside a block.
+
+    Returns ``key_index[o, d]`` and ``value_index[o, d]`` into the flattened
+    ``[block_size * 2 * head_size]`` storage of one (block, kv head). Found by writing coded
+    values through vLLM's own cache-write op, so any ISA-specific packing is covered.
+    """
+    from vllm import _custom_ops as ops
+
+    size = block_size * head_size
+    code = torch.arange(size).view(block_size, 1, head_size)
+    found = []
+    for digit in range(2):  # two base-128 digits keep the codes exact even in bfloat16
+        value = ((code // 128**digit) % 128).to(dtype)
+        cache = torch.full((1, 1, block_size, 2 * head_size), -1.0, dtype=dtype)
+        view = cache.view(1, 1, 2 * block_size, head_size)
+        key_cache, value_cache = view.chunk(2, dim=2)
+        ops.cpu_attn_reshape_and_cache(value, value, key_cache, value_cache,
+                                       torch.arange(block_size), isa, k_scale=1.0,
+                                       v_scale=1.0, kv_cache_dtype="auto")
+        found.append(cache.view(-1).to(torch.int64))
+    decoded = found[0] + 128 * found[1]  # flat storage -> code of the element stored there
+    halves = decoded.view(2, size)
+    key_index = torch.empty(size, dtype=torch.int64)
+    value_index = torch.empty(size, dtype=torch.int64)
+    key_index[halves[0]] = torch.arange(size)
+    value_index[halves[1]] = torch.arange(size) + size
+    return key_index.view(block_size, head_size), value_index.view(block_size, head_size)
+
+
+def _flat_blocks(kv_cache: torch.Tensor) -> torch.Tensor:
+    num_blocks, num_kv_heads, _, _ = kv_cache.shape
+    return kv_cache.view(num_blocks, num_kv_heads, -1)
+
+
+def gather_kv(kv_cache: torch.Tensor, slots: torch.Tensor, isa: str
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values [N, kv_heads, head_size] stored at ``slots`` [N]."""
+    _, _, block_size, two_head = kv_cache.shape
+    key_index, value_index = kv_slot_layout(isa, block_size, two_head // 2, kv_cache.dtype)
+    flat = _flat_blocks(kv_cache)
+    blocks, offsets = slots // block_size, slots % block_size
+    per_slot = flat[blocks]  # [N, kvh, F]
+    heads = per_slot.shape[1]
+    k_idx = key_index[offsets].unsqueeze(1).expand(-1, heads, -1)
+    v_idx = value_index[offsets].unsqueeze(1).expand(-1, heads, -1)
+    return per_slot.gather(2, k_idx), per_slot.gather(2, v_idx)
+
+
+def copy_kv_slots(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, isa: str
+                  ) -> None:
+    """Copy every slot in ``src`` to the slot in ``dst`` (all reads happen before writes)."""
+    if src.numel() == 0:
+        return
+    _, _, block_size, two_head = kv_cache.shape
+    key_index, value_index = kv_slot_layout(isa, block_size, two_head // 2, kv_cache.dtype)
+    flat = _flat_blocks(kv_cache)
+    index = torch.cat([key_index, value_index], dim=1)  # [bs, 2*hd]
+    src_idx, dst_idx = index[src % block_size], index[dst % block_size]  # [N, 2hd]
+    values = flat[src // block_size].gather(
+        2, src_idx.unsqueeze(1).expand(-1, flat.shape[1], -1))  # [N, kvh, 2hd]
+    dst_blocks = (dst // block_size).view(-1, 1, 1).expand_as(values)
+    heads = torch.arange(flat.shape[1]).view(1, -1, 1).expand_as(values)
+    flat[dst_blocks, heads, dst_idx.unsqueeze(1).expand_as(values)] = values
+
+
+def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, isa: str, step: VerifyStep,
+                   seq_lens: torch.Tensor, block_table: torch.Tensor, scale: float
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of every verify row of ``step`` over prefix + ancestors.
+
+    Returns (rows [M], out [M, heads, head_size]) for the M scheduled verify rows.
+    """
+    block_size = kv_cache.shape[2]
+    size = 1 + step.tree.budget
+    rows_in_segment = torch.arange(size)
+    seg_rows = step.root_row.unsqueeze(1) + rows_in_segment  # [T, 1+B]
+    scheduled = rows_in_segment <= step.num_drafts.unsqueeze(1)
+    lengths = seq_lens[step.batch_index].to(torch.int64)  # [T] prefix + 1 + n
+    base = lengths - 1 - step.num_drafts
+    max_len = int(lengths.max())
+    key_pos = torch.arange(max_len)
+    pos = torch.minimum(key_pos.unsqueeze(0), (lengths - 1).unsqueeze(1))  # [T, L]
+    tables = block_table[step.batch_index].to(torch.int64)
+    slots = tables.gather(1, pos // block_size) * block_size + pos % block_size
+    keys, values = gather_kv(kv_cache, slots.view(-1), isa)
+    num_req = step.num_requests
+    keys = keys.view(num_req, max_len, *keys.shape[1:]).transpose(1, 2)  # [T, kvh, L, D]
+    values = values.view(num_req, max_len, *values.shape[1:]).transpose(1, 2)
+    # Visible: the committed prefix, then the tree part by the ancestor mask.
+    tree_col = key_pos.unsqueeze(0) - base.unsqueeze(1)  # [T, L]
+    in_tree = (tree_col >= 0) & (key_pos.unsqueeze(0) < lengths.unsqueeze(1))
+    anc = step.ancestors.gather(
+        2, tree_col.clamp(0, size - 1).unsqueeze(1).expand(-1, size, -1))  # [T, 1+B, L]
+    visible = torch.where(in_tree.unsqueeze(1), anc, (tree_col < 0).unsqueeze(1))
+    q = query[seg_rows.clamp(max=query.shape[0] - 1)].transpose(1, 2)  # [T, H, 1+B, D]
+    heads, kv_heads = q.shape[1], keys.shape[1]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), keys.float(), values.float(), attn_mask=visible.unsqueeze(1), scale=scale,
+        enable_gqa=heads != kv_heads,
+    ).transpose(1, 2)  # [T, 1+B, H, D]
+    return seg_rows[scheduled], out[scheduled].to(query.dtype)
+
+
+class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        unsupported = {
+            "sliding_window": self.sliding_window != -1,
+            "alibi_slopes": self.alibi_slopes is not None,
+            "logits_soft_cap": bool(self.logits_soft_cap),
+            "sinks": self.sinks is not None,
+            "fp8 kv cache": self.is_fp8_kv_cache,
+        }
+        self._tree_unsupported = [name for name, used in unsupported.items() if used]
+
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
+                output_scale=None, output_block_scale=None):
+        output = super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
+                                 output_scale, output_block_scale)
+        step = _active_step
+        if step is None or attn_metadata is None or step.num_requests == 0:
+            return output
+        if self._tree_unsupported:
+            raise NotImplementedError(
+                f"dartree tree verification on CPU does not support {self._tree_unsupported}"
+            )
+        rows, tree_out = tree_attention(
+            query.view(query.shape[0], self.num_heads, self.head_size), kv_cache, layer.isa,
+            step, attn_metadata.seq_lens, attn_metadata.block_table, self.scale,
+        )
+        output.view(output.shape[0], self.num_heads, self.head_size)[rows] = tree_out
+        return output
+
+
+class TreeCPUAttentionBackend(CPUAttentionBackend):
+    @staticmethod
+    def get_impl_cls() -> type[TreeCPUAttentionImpl]:
+        return TreeCPUAttentionImpl
+
+
+def register_tree_cpu_attention() -> None:
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    from vllm.v1.attention import selector
+
+    register_backend(AttentionBackendEnum.CPU_ATTN,
+                     f"{__name__}.{TreeCPUAttentionBackend.__name__}")
+    # vLLM caches the resolved backend class per process (``_cached_get_attn_backend``);
+    # an engine built before activation must not leave the stock class in that cache.
+    selector._cached_get_attn_backend.cache_clear()
