@@ -126,7 +126,8 @@ def check_drafter(config, draft_hf_config, target_model_config, parallel_config)
             f"{config.model} is a DFlash checkpoint without one (set correction to false or "
             "use a Domino drafter)"
         )
-    if config.top_k > target_model_config.get_vocab_size():
+    # The default K is capped at the vocabulary; a K the user chose must fit it.
+    if "top_k" in config.model_fields_set and config.top_k > target_model_config.get_vocab_size():
         raise DARTreeConfigError(
             f"speculative_config key 'top_k' = {config.top_k} exceeds the vocabulary size "
             f"{target_model_config.get_vocab_size()}"

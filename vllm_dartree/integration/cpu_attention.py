@@ -176,9 +176,8 @@ class TreeCPUAttentionBackend(CPUAttentionBackend):
 
 
 def register_tree_cpu_attention() -> None:
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
-
     from vllm.v1.attention import selector
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     register_backend(AttentionBackendEnum.CPU_ATTN,
                      f"{__name__}.{TreeCPUAttentionBackend.__name__}")

@@ -1,0 +1,116 @@
+"""Every invalid dartree configuration fails fast, with a message naming key, value, rule."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from vllm_dartree.config import DARTreeConfig, DARTreeConfigError, parse_speculative_config
+from vllm_dartree.testing import tiny_models as tm
+
+BASE = {"method": "dartree", "model": "some/drafter"}
+
+PARSE_ERRORS = [
+    ({"method": "dartree"}, r"'model' is required"),
+    (BASE | {"tree": "heap"}, r"'tree' = 'heap' is invalid: .*'pruned', 'fixed', 'ddtree' or 'chain'"),
+    (BASE | {"num_speculative_tokens": 0}, r"'num_speculative_tokens' = 0 .* between 1 and 127"),
+    (BASE | {"num_speculative_tokens": 500}, r"'num_speculative_tokens' = 500 .* between 1 and 127"),
+    (BASE | {"width": 0}, r"'width' = 0 is invalid: must be >= 1"),
+    (BASE | {"top_k": -3}, r"'top_k' = -3 is invalid: must be >= 1"),
+    (BASE | {"depth_bonus": 0.5}, r"'depth_bonus' = 0.5 is not allowed for tree 'pruned': it must be <= 0"),
+    (BASE | {"tree": "fixed", "depth_bonus": -0.2}, r"'depth_bonus' = -0.2 .* tree 'fixed': it must be 0"),
+    (BASE | {"tree": "ddtree", "width": 4}, r"'width' does not apply to tree 'ddtree'"),
+    (BASE | {"tree": "ddtree", "correction": True}, r"'correction' does not apply to tree 'ddtree'"),
+    (BASE | {"tree": "chain", "depth_bonus": -0.1}, r"'depth_bonus' does not apply to tree 'chain'"),
+    (BASE | {"width": 80, "num_speculative_tokens": 32}, r"'width' = 80 exceeds 'num_speculative_tokens' = 32"),
+    (BASE | {"beam": 3}, r"key 'beam' \(value 3\) is not supported .* allowed keys: "),
+    (BASE | {"width": "wide"}, r"'width' = 'wide' is invalid: .*valid integer"),
+]
+
+
+@pytest.mark.parametrize(("raw", "message"), PARSE_ERRORS)
+def test_invalid_config_is_rejected_with_a_clear_message(raw, message):
+    with pytest.raises(DARTreeConfigError, match=message):
+        parse_speculative_config(raw)
+
+
+def test_defaults_are_the_papers():
+    config = parse_speculative_config(BASE)
+    assert (config.budget, config.width, config.top_k, config.depth_bonus, config.tree) == (
+        64, 12, 64, -0.2, "pruned")
+    assert config.correction is None  # decided by the drafter (head present or not)
+    assert parse_speculative_config(BASE | {"tree": "fixed"}).effective_depth_bonus == 0.0
+
+
+def test_dashes_and_vllm_keys_pass_through():
+    config = parse_speculative_config(BASE | {"num-speculative-tokens": 16, "revision": "main"})
+    assert config.budget == 16 and config.vllm_options == {"revision": "main"}
+    assert isinstance(config, DARTreeConfig)
+
+
+def _drafter_copy(tmp_path, source, edit):
+    out = tmp_path / "drafter"
+    shutil.copytree(source, out)
+    config = json.loads((out / "config.json").read_text())
+    edit(config)
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def _engine_config(target, speculative_config):
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(model=str(target), skip_tokenizer_init=True, dtype="float32",
+                      max_model_len=256, speculative_config=speculative_config
+                      ).create_engine_config()
+
+
+def _set(path, value):
+    def edit(config):
+        node = config
+        *parents, leaf = path
+        for key in parents:
+            node = node[key]
+        if value is None:
+            node.pop(leaf)
+        else:
+            node[leaf] = value
+    return edit
+
+
+ENGINE_ERRORS = [
+    (_set(["hidden_size"], 96), r"hidden_size = 96 does not match the target's 128"),
+    (_set(["vocab_size"], 300), r"vocab_size = 300 does not match the target's 512"),
+    (_set(["dflash_config", "target_layer_ids"], [0, 5]), r"target_layer_ids = \[0, 5\] has \[5\] outside"),
+    (_set(["dflash_config", "mask_token_id"], None), r"missing dflash_config.mask_token_id"),
+    (_set(["dflash_config", "projector_type"], "markov"), r"projector_type = 'markov' is not supported"),
+    (_set(["dflash_config", "gru_hidden_dim"], None), r"needs dflash_config.gru_hidden_dim"),
+]
+
+
+@pytest.mark.parametrize(("edit", "message"), ENGINE_ERRORS)
+def test_drafter_mismatch_fails_before_loading(tmp_path, tiny_target, tiny_domino, edit, message):
+    drafter = _drafter_copy(tmp_path, tiny_domino, edit)
+    with pytest.raises(ValueError, match=message):
+        _engine_config(tiny_target, {"method": "dartree", "model": str(drafter)})
+
+
+def test_correction_needs_a_domino_head(tiny_target, tiny_dflash):
+    with pytest.raises(DARTreeConfigError, match=r"'correction' = True needs a drafter with a Domino head"):
+        _engine_config(tiny_target, {"method": "dartree", "model": str(tiny_dflash),
+                                     "correction": True})
+
+
+def test_explicit_top_k_must_fit_the_vocabulary(tiny_target, tiny_domino):
+    with pytest.raises(DARTreeConfigError, match=r"'top_k' = 600 exceeds the vocabulary size 512"):
+        _engine_config(tiny_target, {"method": "dartree", "model": str(tiny_domino), "top_k": 600})
+
+
+def test_valid_request_builds_a_config_carrying_the_settings(tiny_target, tiny_domino):
+    config = _engine_config(tiny_target, {"method": "dartree", "model": str(tiny_domino),
+                                          "tree": "fixed", "num_speculative_tokens": 32})
+    spec = config.speculative_config
+    assert spec.method == "dflash" and spec.num_speculative_tokens == 32
+    assert spec.dartree.tree == "fixed" and spec.dartree.budget == 32

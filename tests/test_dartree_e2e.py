@@ -1,0 +1,134 @@
+"""`method: "dartree"` in real vLLM (CPU, float32): lossless for every tree variant and
+through the scheduler's corner cases, seeded sampling reproducible."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_dartree.testing.engine import generate_ids, spec_decode_counters
+from vllm_dartree.testing.tiny_models import TargetSpec, random_prompts
+
+pytestmark = pytest.mark.e2e
+
+VOCAB = TargetSpec().vocab_size
+PROMPTS = random_prompts(16, VOCAB, seed=21, min_len=2, max_len=60)
+BATCH = {"max_num_seqs": 16, "max_num_batched_tokens": 2048}
+
+
+def params(max_tokens=40, **kwargs):
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kwargs)
+
+
+def dartree(drafter, **settings):
+    return {"method": "dartree", "model": str(drafter), **settings}
+
+
+@pytest.fixture(scope="module")
+def baseline(engines, tiny_target):
+    return generate_ids(engines.get(model=str(tiny_target), **BATCH), PROMPTS, params())
+
+
+VARIANTS = [
+    ("pruned", {}),
+    ("fixed", {"tree": "fixed"}),
+    ("ddtree", {"tree": "ddtree"}),
+    ("domino-chain", {"tree": "chain", "correction": True}),
+    ("dflash-chain", {"tree": "chain", "correction": False}),
+    ("pruned-small-budget", {"num_speculative_tokens": 20, "width": 4, "top_k": 8}),
+]
+
+
+@pytest.mark.parametrize(("name", "settings"), VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_every_variant_matches_target_only(engines, tiny_target, tiny_domino, baseline, name,
+                                           settings):
+    llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino, **settings),
+                      **BATCH)
+    assert generate_ids(llm, PROMPTS, params()) == baseline
+    counters = spec_decode_counters(llm)
+    budget = settings.get("num_speculative_tokens", 64)
+    assert counters["num_drafts"] > 0
+    # Every step schedules the full tree, except where vLLM trims drafts at max_tokens.
+    assert 0.9 * budget * counters["num_drafts"] <= counters["num_draft_tokens"]
+    assert counters["num_draft_tokens"] <= budget * counters["num_drafts"]
+
+
+@pytest.mark.parametrize("tree", ["ddtree", "chain"])
+def test_zlab_dflash_drafter_is_lossless(engines, tiny_target, tiny_dflash, baseline, tree):
+    llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_dflash, tree=tree),
+                      **BATCH)
+    assert generate_ids(llm, PROMPTS, params()) == baseline
+
+
+@pytest.fixture(scope="module")
+def pruned_engine(engines, tiny_target, tiny_domino):
+    return engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **BATCH)
+
+
+def _target_only(engines, tiny_target, prompts, sampling, **engine):
+    return generate_ids(engines.get(model=str(tiny_target), **(BATCH | engine)), prompts, sampling)
+
+
+def test_stops_and_lengths_cut_exactly(engines, tiny_target, tiny_domino, baseline):
+    """max_tokens, stop tokens and EOS falling inside an accepted path end the output
+    exactly where target-only decoding ends it."""
+    from vllm import SamplingParams
+
+    stop_token = baseline[0][5]
+    sampling = [SamplingParams(temperature=0.0, max_tokens=3 + (7 * i) % 37, ignore_eos=i % 2 == 0,
+                               stop_token_ids=[stop_token] if i % 3 == 0 else None)
+                for i in range(len(PROMPTS))]
+    expected = generate_ids(engines.get(model=str(tiny_target), **BATCH), PROMPTS, sampling)
+    llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **BATCH)
+    assert generate_ids(llm, PROMPTS, sampling) == expected
+
+
+def test_near_max_model_len_and_chunked_prefill(engines, tiny_target, tiny_domino):
+    """Long prompts prefilled in chunks, generation running into max_model_len."""
+    prompts = random_prompts(6, VOCAB, seed=4, min_len=150, max_len=230)
+    engine = {"max_model_len": 256, "max_num_seqs": 8, "max_num_batched_tokens": 128,
+              "enable_chunked_prefill": True}
+    sampling = params(max_tokens=200)
+    expected = generate_ids(engines.get(model=str(tiny_target), **engine), prompts, sampling)
+    assert all(len(p) + len(o) == 256 for p, o in zip(prompts, expected))
+    llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **engine)
+    assert generate_ids(llm, prompts, sampling) == expected
+
+
+def test_prefix_caching_and_preemption(engines, tiny_target, tiny_domino):
+    """Shared prefixes with prefix caching on, and a KV cache small enough to preempt."""
+    stem = random_prompts(1, VOCAB, seed=8, min_len=140, max_len=140)[0]
+    prompts = [stem + tail for tail in random_prompts(12, VOCAB, seed=9, min_len=1, max_len=30)]
+    engine = {"max_model_len": 384, "max_num_seqs": 12, "max_num_batched_tokens": 1024,
+              "enable_prefix_caching": True, "kv_cache_memory_bytes": 3 << 20}
+    sampling = params(max_tokens=120)
+    expected = generate_ids(engines.get(model=str(tiny_target), **engine), prompts, sampling)
+    llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **engine)
+    assert generate_ids(llm, prompts, sampling) == expected
+
+
+def test_prefix_reading_sampling_falls_back_to_chain(engines, tiny_target, tiny_domino):
+    """Penalties read the drafted prefix: such batches are verified as chains, exactly."""
+    from vllm import SamplingParams
+
+    sampling = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True,
+                              repetition_penalty=1.3, presence_penalty=0.5)
+    expected = generate_ids(engines.get(model=str(tiny_target), **BATCH), PROMPTS[:6], sampling)
+    llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **BATCH)
+    assert generate_ids(llm, PROMPTS[:6], sampling) == expected
+
+
+def test_seeded_sampling_is_reproducible(engines, tiny_target, tiny_domino):
+    from vllm import SamplingParams
+
+    llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **BATCH)
+
+    def run(seed_offset):
+        sampling = [SamplingParams(temperature=1.0, top_p=0.95, top_k=50, seed=seed_offset + i,
+                                   max_tokens=30, ignore_eos=True) for i in range(8)]
+        return generate_ids(llm, PROMPTS[:8], sampling)
+
+    first, again, other = run(0), run(0), run(1000)
+    assert first == again
+    assert first != other
