@@ -1,0 +1,96 @@
+"""The OpenAI server with dartree under concurrent load (real processes, loopback only)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from vllm_dartree.testing.server import http_json, http_text, running_server
+from vllm_dartree.testing.tiny_models import DrafterSpec, TargetSpec, write_drafter, write_target
+
+pytestmark = pytest.mark.e2e
+
+SPEC = TargetSpec(with_tokenizer=True)
+SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
+               "--max-num-seqs", "16", "--max-num-batched-tokens", "2048")
+WORDS = ["def", "class", "import", "return", "self", "for", "while", "print", "lambda", "yield"]
+
+
+def _requests() -> list[dict]:
+    """32 requests: greedy and sampled, short and long, completions and chat, 4 aborted."""
+    out = []
+    for i in range(32):
+        prompt = " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(2 + i % 9))
+        body = {"model": "tiny", "max_tokens": 8 + (i * 13) % 57}
+        if i % 4 == 3:
+            body |= {"temperature": 0.9, "top_p": 0.95, "seed": i}
+        else:
+            body |= {"temperature": 0.0}
+        if i % 5 == 4:
+            body |= {"messages": [{"role": "user", "content": prompt}]}
+        else:
+            body |= {"prompt": prompt}
+        out.append({"body": body, "abort": i % 8 == 5})
+    return out
+
+
+def _send(base: str, request: dict) -> dict:
+    body = request["body"]
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    if not request["abort"]:
+        answer = http_json(base + path, body)
+        choice = answer["choices"][0]
+        return {"text": choice.get("text", choice.get("message", {}).get("content"))}
+    # Stream, read the first chunk, then hang up: the server must abort the request cleanly.
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    conn.request("POST", path, json.dumps(body | {"stream": True, "max_tokens": 200}),
+                 {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    first = response.readline()
+    conn.close()
+    return {"aborted": response.status == 200 and first.startswith(b"data:")}
+
+
+def _serve_all(base: str) -> list[dict]:
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        return list(pool.map(lambda r: _send(base, r), _requests()))
+
+
+def _metric(text: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+    assert match, f"{name} missing from /metrics"
+    return float(match.group(1))
+
+
+@pytest.fixture(scope="module")
+def target_only_answers():
+    with running_server(write_target(SPEC), *SERVER_ARGS, log_name="server_target.log") as base:
+        return _serve_all(base)
+
+
+def test_dartree_server_answers_concurrent_load(target_only_answers):
+    drafter = write_drafter(DrafterSpec(target=SPEC, domino=True))
+    spec = json.dumps({"method": "dartree", "model": str(drafter)})
+    with running_server(write_target(SPEC), *SERVER_ARGS, "--speculative-config", spec,
+                        log_name="server_dartree.log") as base:
+        answers = _serve_all(base)
+        assert http_text(base + "/health") is not None  # still serving after the aborts
+        metrics = http_text(base + "/metrics")
+    requests = _requests()
+    for request, got, expected in zip(requests, answers, target_only_answers):
+        if request["abort"]:
+            assert got["aborted"]
+        elif request["body"]["temperature"] == 0.0:
+            assert got["text"] == expected["text"], request
+        else:
+            assert got["text"]  # sampled: any text, but an answer
+    drafts = _metric(metrics, "vllm:spec_decode_num_drafts_total")
+    draft_tokens = _metric(metrics, "vllm:spec_decode_num_draft_tokens_total")
+    accepted = _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total")
+    assert drafts > 0 and 0 < draft_tokens <= 64 * drafts
+    assert 0 <= accepted <= draft_tokens
