@@ -1,0 +1,374 @@
+"""The DFlash drafter with a Domino head, in pure torch, computing what vLLM computes.
+
+Ground truth is vLLM's ``qwen3_dflash.py`` (``DFlashQwen3Model``) plus our
+``integration/proposer.py`` (``_draft_block``) and ``tree/correction.py`` (``DominoHead``):
+
+- context = ``hidden_norm(fc(concat of target layer outputs at target_layer_ids))``;
+- every draft layer projects the context with its own ``k_proj``/``v_proj``, applies
+  ``k_norm`` and RoPE at the context's absolute positions, and prepends it to the block's K/V
+  (the context does not pass through ``input_layernorm``: vLLM's
+  ``precompute_and_store_context_kv`` projects the ``hidden_norm`` output directly);
+- the block ``[x_p, mask x (bs-1)]`` at positions ``p .. p+bs-1`` is embedded with the
+  target's table; attention is non-causal over ``[context < p ; whole block]``;
+- pre-norm Qwen3 layers, final ``norm``, logits with the target's ``lm_head``;
+- shift layout: slot j predicts ``x_{p+j+1}``; for j >= ``pure_draft_prefix_len`` the Domino
+  head adds ``SiLU(proj0 . [z_j ; s_j]) . proj2^T`` with ``s_j`` the GRU state after the
+  target embeddings of ``x_p .. x_{p+j}`` (teacher forcing; nn.GRU, no bias, zero state).
+
+Parameter names equal the released checkpoint names, so ``state_dict()`` is the export.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm_dartree.testing.tiny_models import DrafterSpec, TargetSpec, drafter_config
+from vllm_dartree.tree.correction import DominoHead
+
+IGNORE_INDEX = -100
+# vLLM's DFlash layers fall back to this theta when the config names none
+# (``set_default_rope_theta(config, default_theta=1000000)``).
+VLLM_DEFAULT_ROPE_THETA = 1_000_000.0
+
+
+@dataclass(frozen=True)
+class DrafterArch:
+    """Every shape and constant of a drafter; round-trips through ``config.json``."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    num_target_layers: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    block_size: int = 16
+    gru_hidden_dim: int = 64
+    emb_dim: int = 32
+    pure_draft_prefix_len: int = 1
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_config(self, dtype: str = "float32") -> dict[str, Any]:
+        """``config.json`` in the released Domino format (``tiny_models.drafter_config``)."""
+        target = TargetSpec(
+            vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_target_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
+            max_position_embeddings=self.max_position_embeddings,
+        )
+        spec = DrafterSpec(
+            target=target, num_hidden_layers=self.num_hidden_layers,
+            block_size=self.block_size, target_layer_ids=tuple(self.target_layer_ids),
+            domino=True, gru_hidden_dim=self.gru_hidden_dim, emb_dim=self.emb_dim,
+            pure_draft_prefix_len=self.pure_draft_prefix_len,
+        )
+        config = drafter_config(spec)
+        config["dflash_config"]["mask_token_id"] = self.mask_token_id
+        return config | self.extra | {
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "torch_dtype": dtype,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> DrafterArch:
+        """Read a drafter ``config.json`` (ours, or a released Domino/DFlash one)."""
+        dflash = config.get("dflash_config") or {}
+        rope = config.get("rope_parameters") or {}
+        theta = config.get("rope_theta", rope.get("rope_theta", VLLM_DEFAULT_ROPE_THETA))
+        heads = config["num_attention_heads"]
+        return cls(
+            vocab_size=config["vocab_size"],
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            num_hidden_layers=config["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=config.get("num_key_value_heads", heads),
+            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+            num_target_layers=config.get("num_target_layers", 0),
+            target_layer_ids=tuple(dflash["target_layer_ids"]),
+            mask_token_id=int(dflash.get("mask_token_id", config.get("mask_token_id"))),
+            block_size=config.get("block_size", 16),
+            gru_hidden_dim=dflash.get("gru_hidden_dim", 64),
+            emb_dim=dflash.get("emb_dim", config.get("emb_dim", 32)),
+            pure_draft_prefix_len=dflash.get("pure_draft_prefix_len", 1),
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            max_position_embeddings=config.get("max_position_embeddings", 2048),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------ blocks
+class RMSNorm(nn.Module):
+    """Qwen3/vLLM RMSNorm: statistics in float32, plain (not 1 + w) weight."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox-style RoPE tables for ``positions`` [...]: cos, sin [..., head_dim]."""
+    inv_freq = 1.0 / theta ** (
+        torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim
+    )
+    angles = positions.float().unsqueeze(-1) * inv_freq
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [N, heads, L, hd], cos/sin [N, L, hd] (neox: rotate the two halves)."""
+    first, second = x.chunk(2, dim=-1)
+    rotated = torch.cat([-second, first], dim=-1)
+    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+
+
+class DraftAttention(nn.Module):
+    """Qwen3 attention whose keys/values are ``[context ; block]`` (DFlash KV injection)."""
+
+    def __init__(self, arch: DrafterArch) -> None:
+        super().__init__()
+        hidden, hd = arch.hidden_size, arch.head_dim
+        self.heads, self.kv_heads, self.head_dim = (
+            arch.num_attention_heads, arch.num_key_value_heads, hd)
+        self.q_proj = nn.Linear(hidden, self.heads * hd, bias=False)
+        self.k_proj = nn.Linear(hidden, self.kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(hidden, self.kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(self.heads * hd, hidden, bias=False)
+        self.q_norm = RMSNorm(hd, arch.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, arch.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        return x.view(*x.shape[:2], heads, self.head_dim).transpose(1, 2)
+
+    def keys_values(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, L, H] -> K (normed, rotated), V: [N, kv_heads, L, hd]."""
+        k = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.kv_heads)), cos, sin)
+        return k, self._heads(self.v_proj(x), self.kv_heads)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        visible: torch.Tensor,
+    ) -> torch.Tensor:
+        """x [N, Q, H] block, context [N, T, H]; visible [N, Q, T+Q] bool."""
+        cos_q, sin_q, cos_c, sin_c = rope
+        q = apply_rope(self.q_norm(self._heads(self.q_proj(x), self.heads)), cos_q, sin_q)
+        k_blk, v_blk = self.keys_values(x, cos_q, sin_q)
+        k_ctx, v_ctx = self.keys_values(context, cos_c, sin_c)
+        k = torch.cat([k_ctx, k_blk], dim=2)
+        v = torch.cat([v_ctx, v_blk], dim=2)
+        if self.kv_heads != self.heads:
+            group = self.heads // self.kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible.unsqueeze(1))
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, hidden: int, inter: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    """Pre-norm layer; equal to vLLM's fused-residual form (norm(x + residual))."""
+
+    def __init__(self, arch: DrafterArch) -> None:
+        super().__init__()
+        self.self_attn = DraftAttention(arch)
+        self.mlp = DraftMLP(arch.hidden_size, arch.intermediate_size)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+    def forward(self, x, context, rope, visible) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), context, rope, visible)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+# ------------------------------------------------------------------------------ outputs
+@dataclass
+class DrafterOutput:
+    """Per anchor a and slot j (slot j predicts x_{p_a + j + 1})."""
+
+    hidden: torch.Tensor  # [N, A, bs, H] after the final norm (z_j)
+    base_logits: torch.Tensor  # [N, A, bs, V]
+    corrected_logits: torch.Tensor | None  # [N, A, bs, V] base + head bias (teacher forced)
+
+
+class DominoDrafter(nn.Module):
+    """DFlash backbone + Domino head; the target's embedding and lm_head are frozen buffers."""
+
+    def __init__(self, arch: DrafterArch, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
+        super().__init__()
+        if embed.shape != (arch.vocab_size, arch.hidden_size):
+            raise ValueError(f"target embedding {list(embed.shape)} does not match the drafter "
+                             f"(vocab {arch.vocab_size}, hidden {arch.hidden_size})")
+        if lm_head.shape != embed.shape:
+            raise ValueError(f"target lm_head {list(lm_head.shape)} must be {list(embed.shape)}")
+        self.arch = arch
+        hidden, state = arch.hidden_size, arch.gru_hidden_dim
+        self.fc = nn.Linear(len(arch.target_layer_ids) * hidden, hidden, bias=False)
+        self.hidden_norm = RMSNorm(hidden, arch.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(arch) for _ in range(arch.num_hidden_layers))
+        self.norm = RMSNorm(hidden, arch.rms_norm_eps)
+        self.prefix_gru = nn.GRU(hidden, state, num_layers=1, bias=False, batch_first=True)
+        self.embed_proj = nn.Sequential(
+            nn.Linear(hidden + state, arch.emb_dim, bias=False),
+            nn.SiLU(),
+            nn.Linear(arch.emb_dim, arch.vocab_size, bias=False),
+        )
+        # Not parameters and not in state_dict: the released drafters ship neither.
+        self.register_buffer("embed", embed.detach().clone(), persistent=False)
+        self.register_buffer("lm_head", lm_head.detach().clone(), persistent=False)
+
+    # ------------------------------------------------------------------ initialisation
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator) -> None:
+        """Seeded init: fan-in scaled projections, residual outputs and the head bias small."""
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+                continue
+            fan_in = param.shape[1]
+            std = fan_in ** -0.5
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                std /= math.sqrt(2 * max(1, self.arch.num_hidden_layers))
+            if name == "embed_proj.2.weight":
+                std *= 0.1  # start with corrected ~= base
+            param.copy_(torch.randn(param.shape, generator=generator) * std)
+
+    def head_parameters(self) -> list[nn.Parameter]:
+        return [*self.prefix_gru.parameters(), *self.embed_proj.parameters()]
+
+    def domino_head(self) -> DominoHead:
+        """The same weights as the inference-time :class:`DominoHead` (shares storage)."""
+        return DominoHead(
+            embed=self.embed, gru_ih=self.prefix_gru.weight_ih_l0,
+            gru_hh=self.prefix_gru.weight_hh_l0, proj0=self.embed_proj[0].weight,
+            proj2=self.embed_proj[2].weight,
+            pure_draft_prefix_len=self.arch.pure_draft_prefix_len,
+        )
+
+    # ------------------------------------------------------------------------ forward
+    def context(self, features: torch.Tensor) -> torch.Tensor:
+        """[N, T, len(ids) * H] target layer outputs -> [N, T, H] (vLLM: fc, then hidden_norm)."""
+        return self.hidden_norm(self.fc(features))
+
+    def block_ids(self, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """[N, A] anchors -> [N, A, bs]: the root x_p, then mask ids."""
+        bs = self.arch.block_size
+        ids = torch.full((*anchors.shape, bs), self.arch.mask_token_id, dtype=torch.long,
+                         device=tokens.device)
+        ids[..., 0] = tokens.gather(1, anchors)
+        return ids
+
+    def backbone(
+        self, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor
+    ) -> torch.Tensor:
+        """Drafter hidden states (after the final norm) for every anchor: [N, A, bs, H]."""
+        n, t = features.shape[:2]  # context length (tokens may run further: the labels)
+        num_anchors, bs = anchors.shape[1], self.arch.block_size
+        context = self.context(features)
+        x = self.embed[self.block_ids(tokens, anchors)].view(n, num_anchors * bs, -1)
+        slot = torch.arange(bs, device=tokens.device)
+        positions = (anchors.unsqueeze(-1) + slot).view(n, -1)
+        ctx_positions = torch.arange(t, device=tokens.device).expand(n, t)
+        cos_q, sin_q = rope_cos_sin(positions, self.arch.head_dim, self.arch.rope_theta, x.dtype)
+        cos_c, sin_c = rope_cos_sin(ctx_positions, self.arch.head_dim, self.arch.rope_theta,
+                                    x.dtype)
+        visible = self.visibility(anchors, t)
+        for layer in self.layers:
+            x = layer(x, context, (cos_q, sin_q, cos_c, sin_c), visible)
+        return self.norm(x).view(n, num_anchors, bs, -1)
+
+    def visibility(self, anchors: torch.Tensor, context_len: int) -> torch.Tensor:
+        """[N, A*bs, T + A*bs]: context positions < p, and every slot of the same block."""
+        n, num_anchors = anchors.shape
+        bs = self.arch.block_size
+        ctx = torch.arange(context_len, device=anchors.device)
+        sees_ctx = ctx.view(1, 1, -1) < anchors.unsqueeze(-1)  # [N, A, T]
+        sees_ctx = sees_ctx.repeat_interleave(bs, dim=1)
+        block_of = torch.arange(num_anchors * bs, device=anchors.device) // bs
+        same_block = (block_of.unsqueeze(1) == block_of.unsqueeze(0)).expand(n, -1, -1)
+        return torch.cat([sees_ctx, same_block], dim=-1)
+
+    def prefix_states(self, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """GRU states s_j after x_p .. x_{p+j} (teacher forcing): [N, A, bs, G]."""
+        n, num_anchors = anchors.shape
+        bs = self.arch.block_size
+        index = (anchors.unsqueeze(-1) + torch.arange(bs, device=tokens.device))
+        index = index.clamp(max=tokens.shape[1] - 1)  # slots past the end carry no label
+        prev = tokens.gather(1, index.view(n, -1)).view(n * num_anchors, bs)
+        states, _ = self.prefix_gru(self.embed[prev])
+        return states.view(n, num_anchors, bs, -1)
+
+    def head_bias(self, hidden: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary bias [N, A, bs, V]; zero on the pure-draft prefix slots."""
+        bias = self.embed_proj(torch.cat([hidden, states], dim=-1))
+        prefix = self.arch.pure_draft_prefix_len
+        if prefix:
+            keep = torch.arange(bias.shape[2], device=bias.device) >= prefix
+            bias = bias * keep.view(1, 1, -1, 1).to(bias.dtype)
+        return bias
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        anchors: torch.Tensor,
+        with_head: bool = True,
+    ) -> DrafterOutput:
+        """features [N, T, F], tokens [N, T], anchors [N, A] (each p in 1 .. T-1)."""
+        hidden = self.backbone(features, tokens, anchors)
+        base = hidden @ self.lm_head.T
+        corrected = None
+        if with_head:
+            corrected = base + self.head_bias(hidden, self.prefix_states(tokens, anchors))
+        return DrafterOutput(hidden, base, corrected)
+
+
+def block_labels(
+    tokens: torch.Tensor, anchors: torch.Tensor, lengths: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """[N, A, bs] labels x_{p+j+1}, IGNORE_INDEX past each sequence's length."""
+    n, num_anchors = anchors.shape
+    index = anchors.unsqueeze(-1) + 1 + torch.arange(block_size, device=tokens.device)
+    inside = index < lengths.view(n, 1, 1)
+    labels = tokens.gather(1, index.clamp(max=tokens.shape[1] - 1).view(n, -1))
+    return torch.where(inside, labels.view(n, num_anchors, block_size), IGNORE_INDEX)
