@@ -169,9 +169,6 @@ def test_our_head_modules_have_the_released_shapes(model, monkeypatch):
     assert tuple(head.proj2.shape) == (VOCAB, EMB)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "discrepancy: every public Domino implementation defaults dflash_config."
-    "pure_draft_prefix_len to 0 when absent; read_layout / DARTreeDraftModel default to 1"))
 def test_absent_pure_draft_prefix_len_defaults_to_zero_like_the_references(monkeypatch):
     """Domino ``code/dflash.py`` / DARTree ``utils/draft_model.py`` read
     ``dflash_config.get("pure_draft_prefix_len", 0)``: a config without the key corrects every

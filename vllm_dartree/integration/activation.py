@@ -75,6 +75,10 @@ def activate() -> None:
         from vllm_dartree.integration.cpu_attention import register_tree_cpu_attention
 
         register_tree_cpu_attention()
+    else:
+        # The proposer and tree sampler hook the V1 runner; V2 is vLLM's GPU default.
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        logger.info("vllm-dartree: selecting vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)")
     for patch in RUNNER_PATCHES:
         patch.apply()
     logger.info("vllm-dartree activated (vLLM %s)", installed_vllm_version())
@@ -86,6 +90,7 @@ def build_dartree_speculative_config(engine_args, original, target_model_config,
     from vllm_dartree.config import parse_speculative_config
 
     config = parse_speculative_config(engine_args.speculative_config)
+    refuse_unverifiable_platform(config)
     activate()
     requested = engine_args.speculative_config
     # vLLM carries dartree as its DFlash method (same drafter plumbing) with B draft slots;
@@ -107,6 +112,21 @@ def build_dartree_speculative_config(engine_args, original, target_model_config,
                 config.budget, config.width, config.top_k, config.effective_depth_bonus,
                 config.model)
     return speculative
+
+
+def refuse_unverifiable_platform(config) -> None:
+    """Trees need an ancestor mask in the target's attention. This build has it for vLLM's
+    CPU backend only; a chain needs no mask (causal attention is exact for it)."""
+    from vllm.platforms import current_platform
+
+    from vllm_dartree.config import DARTreeConfigError
+
+    if config.tree != "chain" and not current_platform.is_cpu():
+        raise DARTreeConfigError(
+            f"speculative_config key 'tree' = {config.tree!r} needs tree attention, which this "
+            f"build of vllm-dartree provides for vLLM's CPU backend only (platform: "
+            f"{current_platform.device_name}); use tree 'chain' here, or the CPU backend"
+        )
 
 
 def check_drafter(config, draft_hf_config, target_model_config, parallel_config) -> None:

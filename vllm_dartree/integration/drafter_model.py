@@ -108,7 +108,7 @@ def read_layout(hf_config: Any, *, target_vocab: int, target_hidden: int,
         has_head=has_head,
         mask_token_id=mask_token_id,
         target_layer_ids=layer_ids,
-        pure_draft_prefix_len=int(dflash.get("pure_draft_prefix_len", 1)),
+        pure_draft_prefix_len=int(dflash.get("pure_draft_prefix_len", 0)),
         gru_hidden_dim=None if gru is None else int(gru),
         emb_dim=None if emb is None else int(emb),
     )
@@ -121,7 +121,7 @@ class DARTreeDraftModel(DFlashQwen3ForCausalLM):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         dflash = dict(getattr(self.config, "dflash_config", None) or {})
         self.has_domino_head = dflash.get("projector_type") in ("domino", "causal_v5")
-        self.pure_draft_prefix_len = int(dflash.get("pure_draft_prefix_len", 1))
+        self.pure_draft_prefix_len = int(dflash.get("pure_draft_prefix_len", 0))
         if self.has_domino_head:
             hidden = self.config.hidden_size
             state = int(dflash["gru_hidden_dim"])
