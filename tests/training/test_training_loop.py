@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -131,3 +133,20 @@ def test_simulated_acceptance_runs(target):
 
 def test_decode_rounds():
     assert decode_rounds([3, 1, 1, 2, 5, 1, 1], 7) == [3, 2, 1]
+
+
+def test_llama_target_with_tied_embeddings(tmp_path):
+    """SmolLM2-style target: Llama architecture, tied embeddings, no head_dim in config."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=40, hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
+                         tie_word_embeddings=True, rope_theta=100000.0, rms_norm_eps=1e-5)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    result = train(tiny_config(tmp_path / "llama", tmp_path / "run", steps=2,
+                               target_layer_ids=None))
+    exported = json.loads((result.drafter_dir / "config.json").read_text())
+    assert exported["dflash_config"]["target_layer_ids"] == [0, 1, 2]
+    assert exported["head_dim"] == 32 and exported["rope_theta"] == 100000.0
+    assert exported["rms_norm_eps"] == 1e-5 and exported["vocab_size"] == 40

@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--freeze-backbone", action="store_true", help="train only the Domino head")
     p.add_argument("--init-from", default=None, help="start from this drafter checkpoint")
     p.add_argument("--export-dtype", choices=sorted(DTYPES), default="float32")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="for the drafter and the target")
+    p.add_argument("--target-dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -98,7 +99,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         num_sequences=args.num_sequences, temperature=args.temperature,
         stop_at_eos=not args.ignore_eos, seed=args.seed, save_every=args.save_every,
         stop_after=args.stop_after, resume=args.resume, freeze_backbone=args.freeze_backbone, init_from=args.init_from,
-        export_dtype=args.export_dtype, device=args.device, threads=args.threads,
+        export_dtype=args.export_dtype, device=args.device,
+        target_dtype=args.target_dtype, threads=args.threads,
         progress=not args.no_progress,
     )
 

@@ -63,13 +63,14 @@ def check_no_overlap(
 
 
 # ------------------------------------------------------------------------------ target
-def load_target(target_dir: str | Path, dtype: torch.dtype = torch.float32):
+def load_target(target_dir: str | Path, dtype: torch.dtype = torch.float32,
+                device: str = "cpu"):
     """Any causal LM transformers can load (Qwen3, Llama, ...), in eval mode, no grads."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype)
     model.eval().requires_grad_(False)
-    return model
+    return model.to(device)
 
 
 def target_config(target_dir: str | Path) -> dict:
@@ -151,13 +152,13 @@ def generate_responses(
             mask[row, width - len(prompts[i]):] = 1
         torch.manual_seed(seed * 1_000_003 + b)  # sampling noise per batch, resumable
         out = model.generate(
-            ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+            ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=max_new_tokens,
             do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
             top_k=None, top_p=None, pad_token_id=pad, eos_token_id=eos,
         )
         for row, i in enumerate(batch):
             sequences[i] = torch.cat(
-                [torch.tensor(list(prompts[i])), _until_eos(out[row, width:], eos_ids)])
+                [torch.tensor(list(prompts[i])), _until_eos(out[row, width:].cpu(), eos_ids)])
     return SequenceSet([sequences[i] for i in range(len(prompts))],
                        [len(p) for p in prompts])
 
@@ -174,7 +175,8 @@ def _until_eos(response: torch.Tensor, eos_ids: set[int]) -> torch.Tensor:
 def target_features(
     model, tokens: torch.Tensor, layer_ids: Sequence[int], lengths: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """[N, T] right-padded ids -> [N, T, len(layer_ids) * H] outputs of those decoder layers.
+    """[N, T] right-padded ids -> [N, T, len(layer_ids) * H] float32 outputs of those
+    decoder layers, on the target's device.
 
     Right padding leaves every real position unchanged in a causal model, so positions are
     plain 0..T-1 as at inference.
@@ -192,7 +194,8 @@ def target_features(
         mask = None
         if lengths is not None:
             mask = (torch.arange(tokens.shape[1]) < lengths.unsqueeze(1)).long()
-        model(input_ids=tokens, attention_mask=mask, use_cache=False)
+            mask = mask.to(model.device)
+        model(input_ids=tokens.to(model.device), attention_mask=mask, use_cache=False)
     finally:
         for handle in handles:
             handle.remove()

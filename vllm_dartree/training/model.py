@@ -21,7 +21,7 @@ Parameter names equal the released checkpoint names, so ``state_dict()`` is the 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -58,7 +58,6 @@ class DrafterArch:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_config(self, dtype: str = "float32") -> dict[str, Any]:
         """``config.json`` in the released Domino format (``tiny_models.drafter_config``)."""
@@ -78,7 +77,7 @@ class DrafterArch:
         )
         config = drafter_config(spec)
         config["dflash_config"]["mask_token_id"] = self.mask_token_id
-        return config | self.extra | {
+        return config | {
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
             "torch_dtype": dtype,
@@ -88,6 +87,11 @@ class DrafterArch:
     def from_config(cls, config: dict[str, Any]) -> DrafterArch:
         """Read a drafter ``config.json`` (ours, or a released Domino/DFlash one)."""
         dflash = config.get("dflash_config") or {}
+        unsupported = (config.get("is_causal") or dflash.get("causal") or dflash.get("use_swa")
+                       or "sliding_attention" in (config.get("layer_types") or ()))
+        if unsupported:
+            raise NotImplementedError("causal or sliding-window DFlash drafters are not "
+                                      "supported by the trainer (full non-causal attention only)")
         rope = config.get("rope_parameters") or {}
         theta = config.get("rope_theta", rope.get("rope_theta", VLLM_DEFAULT_ROPE_THETA))
         heads = config["num_attention_heads"]

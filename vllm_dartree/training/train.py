@@ -16,7 +16,7 @@ import math
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -83,7 +83,8 @@ class TrainConfig:
     freeze_backbone: bool = False
     init_from: str | None = None
     export_dtype: str = "float32"
-    device: str = "cpu"
+    device: str = "cpu"  # drafter and target
+    target_dtype: str = "float32"  # the target's weights (features are float32 either way)
     threads: int | None = None
     progress: bool = True
     feature_cache_bytes: int = 2 << 30  # precompute target features below this size
@@ -259,7 +260,7 @@ class Batches:
         chunks = [target_features(self.target, tokens[i: i + 64], self.arch.target_layer_ids,
                                   lengths[i: i + 64])
                   for i in range(0, len(tokens), 64)]
-        return torch.cat(chunks)
+        return torch.cat(chunks).cpu()  # the cache stays in host memory
 
     def get(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(features [N, T, F], tokens [N, T], anchors [N, A], labels [N, A, bs])."""
@@ -335,6 +336,12 @@ def build_model(cfg: TrainConfig, target) -> DominoDrafter:
     embed, lm_head = target_tables(target)
     gen = torch.Generator().manual_seed(cfg.seed)
     if cfg.init_from:
+        config = json.loads((Path(cfg.init_from) / "config.json").read_text())
+        shift = (config.get("dflash_config") or {}).get("shift_label", False)
+        if cfg.freeze_backbone and not shift:
+            # A z-lab backbone predicts its own slot, not the next one: it needs retraining.
+            raise ValueError(f"--freeze-backbone needs a shift-layout (Domino) drafter; "
+                             f"{cfg.init_from} has dflash_config.shift_label = {shift}")
         model = load_drafter(cfg.init_from, embed, lm_head, gen)
     else:
         model = DominoDrafter(arch_for_target(cfg, target_config(cfg.target)), embed, lm_head)
@@ -355,7 +362,7 @@ def train(cfg: TrainConfig, prompts: Sequence[Sequence[int]] | None = None) -> T
     out.mkdir(parents=True, exist_ok=True)
     with torch_threads(cfg.threads):
         torch.manual_seed(cfg.seed)
-        target = load_target(cfg.target)
+        target = load_target(cfg.target, DTYPES[cfg.target_dtype], cfg.device)
         model = build_model(cfg, target)
         data = prepare_data(cfg, target, model.arch, prompts)
         batches = Batches(cfg, data, target, model.arch)
@@ -384,8 +391,8 @@ def train(cfg: TrainConfig, prompts: Sequence[Sequence[int]] | None = None) -> T
 def resume_from(path: Path, model: DominoDrafter, optimizer: torch.optim.Optimizer
                 ) -> tuple[int, list[float]]:
     state = torch.load(path, weights_only=False)
-    if DrafterArch(**{**state["arch"], "target_layer_ids": tuple(state["arch"][
-            "target_layer_ids"])}) != model.arch:
+    arch = state["arch"] | {"target_layer_ids": tuple(state["arch"]["target_layer_ids"])}
+    if DrafterArch(**arch) != model.arch:
         raise ValueError(f"{path} was trained with a different drafter architecture")
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
@@ -446,17 +453,24 @@ def simulate_acceptance(
     from vllm_dartree.tree import accept_tree, build_tree
 
     model.eval()
+    device = model.embed.device
     bs = model.arch.block_size
     seqs = generate_responses(target, prompts, max_new_tokens + bs + 1, stop_at_eos=False)
-    head = model.domino_head().with_input_gate_table()
+    head = model.domino_head()
+    head = replace(head, **{k: getattr(head, k).detach().cpu()
+                            for k in ("embed", "gru_ih", "gru_hh", "proj0", "proj2")})
+    head = head.with_input_gate_table()
     per_variant: dict[str, list[int]] = {v: [] for v in variants}
     hits = torch.zeros(2, bs)
     count = torch.zeros(bs)
     for seq, prompt_len in zip(seqs.sequences, seqs.prompt_lens):
-        tokens = seq.unsqueeze(0)
-        features = target_features(target, tokens, model.arch.target_layer_ids)
+        tokens = seq.unsqueeze(0).to(device)
+        features = target_features(target, tokens, model.arch.target_layer_ids).to(device)
         anchors = torch.arange(prompt_len, prompt_len + max_new_tokens).unsqueeze(0)
-        out = model(features, tokens, anchors)
+        out = model(features, tokens, anchors.to(device))
+        out = DrafterOutput(*(t.cpu() for t in (out.hidden, out.base_logits,
+                                                 out.corrected_logits)))
+        tokens = tokens.cpu()
         labels = block_labels(tokens, anchors, torch.tensor([len(seq)]), bs)[0]
         hits[0] += (out.base_logits[0].argmax(-1) == labels).float().sum(0)
         hits[1] += (out.corrected_logits[0].argmax(-1) == labels).float().sum(0)
