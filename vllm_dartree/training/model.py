@@ -109,7 +109,8 @@ class DrafterArch:
             block_size=config.get("block_size", 16),
             gru_hidden_dim=dflash.get("gru_hidden_dim", 64),
             emb_dim=dflash.get("emb_dim", config.get("emb_dim", 32)),
-            pure_draft_prefix_len=dflash.get("pure_draft_prefix_len", 1),
+            # Absent means 0, as in the references and our vLLM drafter (drafter_model.py).
+            pure_draft_prefix_len=dflash.get("pure_draft_prefix_len", 0),
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             rope_theta=float(theta),
             max_position_embeddings=config.get("max_position_embeddings", 2048),
