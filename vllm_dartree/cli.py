@@ -2,6 +2,7 @@
 
 - ``vllm-dartree serve MODEL [vLLM serve options]``: vLLM's OpenAI server with the plugin.
 - ``vllm-dartree demo``: the main job on an embedded default (see ``vllm_dartree.demo``).
+- ``vllm-dartree train-drafter --target DIR --out DIR ...``: train a DFlash+Domino drafter.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="vllm-dartree", description=__doc__.splitlines()[0])
     parser.add_argument(
-        "command", choices=["serve", "demo"],
+        "command", choices=["serve", "demo", "train-drafter"],
         help="serve: vLLM's OpenAI server (all `vllm serve` options pass through); demo: a "
-        "self-contained run on tiny local models",
+        "self-contained run on local models; train-drafter: train a Domino drafter for a "
+        "target (`vllm-dartree train-drafter --help`)",
     )
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
@@ -34,6 +36,10 @@ def main(argv: list[str] | None = None) -> None:
         from vllm_dartree.demo import main as demo_main
 
         demo_main(rest)
+    elif command == "train-drafter":
+        from vllm_dartree.training.cli import main as train_main
+
+        train_main(rest)
 
 
 if __name__ == "__main__":
