@@ -8,7 +8,6 @@ import shutil
 import pytest
 
 from vllm_dartree.config import DARTreeConfig, DARTreeConfigError, parse_speculative_config
-from vllm_dartree.testing import tiny_models as tm
 
 BASE = {"method": "dartree", "model": "some/drafter"}
 
