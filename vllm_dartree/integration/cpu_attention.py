@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
@@ -30,6 +31,7 @@ def tree_verify(step: VerifyStep | None):
         yield
     finally:
         _active_step = None
+        _plans.clear()
 
 
 @functools.lru_cache(maxsize=16)
@@ -100,42 +102,54 @@ def copy_kv_slots(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, 
     flat[dst_blocks, heads, dst_idx.unsqueeze(1).expand_as(values)] = values
 
 
-def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, isa: str, step: VerifyStep,
-                   seq_lens: torch.Tensor, block_table: torch.Tensor, scale: float
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of every verify row of ``step`` over prefix + ancestors.
+@dataclass
+class TreeAttentionPlan:
+    """Per-step gather indices and visibility, shared by every layer of the forward."""
 
-    Returns (rows [M], out [M, heads, head_size]) for the M scheduled verify rows.
-    """
-    block_size = kv_cache.shape[2]
+    seg_rows: torch.Tensor  # [T, 1+B] flattened query row of each verify slot
+    scheduled: torch.Tensor  # [T, 1+B] slot was scheduled this step
+    slots: torch.Tensor  # [T, L] KV slot of each key position 0..L-1
+    visible: torch.Tensor  # [T, 1+B, L] prefix, then ancestors in the tree part
+
+
+def plan_tree_attention(step: VerifyStep, seq_lens: torch.Tensor, block_table: torch.Tensor,
+                        block_size: int) -> TreeAttentionPlan:
     size = 1 + step.tree.budget
     rows_in_segment = torch.arange(size)
-    seg_rows = step.root_row.unsqueeze(1) + rows_in_segment  # [T, 1+B]
-    scheduled = rows_in_segment <= step.num_drafts.unsqueeze(1)
     lengths = seq_lens[step.batch_index].to(torch.int64)  # [T] prefix + 1 + n
     base = lengths - 1 - step.num_drafts
-    max_len = int(lengths.max())
-    key_pos = torch.arange(max_len)
+    key_pos = torch.arange(int(lengths.max()))
     pos = torch.minimum(key_pos.unsqueeze(0), (lengths - 1).unsqueeze(1))  # [T, L]
     tables = block_table[step.batch_index].to(torch.int64)
     slots = tables.gather(1, pos // block_size) * block_size + pos % block_size
-    keys, values = gather_kv(kv_cache, slots.view(-1), isa)
-    num_req = step.num_requests
-    keys = keys.view(num_req, max_len, *keys.shape[1:]).transpose(1, 2)  # [T, kvh, L, D]
-    values = values.view(num_req, max_len, *values.shape[1:]).transpose(1, 2)
-    # Visible: the committed prefix, then the tree part by the ancestor mask.
     tree_col = key_pos.unsqueeze(0) - base.unsqueeze(1)  # [T, L]
     in_tree = (tree_col >= 0) & (key_pos.unsqueeze(0) < lengths.unsqueeze(1))
     anc = step.ancestors.gather(
         2, tree_col.clamp(0, size - 1).unsqueeze(1).expand(-1, size, -1))  # [T, 1+B, L]
-    visible = torch.where(in_tree.unsqueeze(1), anc, (tree_col < 0).unsqueeze(1))
-    q = query[seg_rows.clamp(max=query.shape[0] - 1)].transpose(1, 2)  # [T, H, 1+B, D]
-    heads, kv_heads = q.shape[1], keys.shape[1]
+    return TreeAttentionPlan(
+        seg_rows=step.root_row.unsqueeze(1) + rows_in_segment,
+        scheduled=rows_in_segment <= step.num_drafts.unsqueeze(1),
+        slots=slots,
+        visible=torch.where(in_tree.unsqueeze(1), anc, (tree_col < 0).unsqueeze(1)),
+    )
+
+
+def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
+                   plan: TreeAttentionPlan, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of every verify row over prefix + ancestors.
+
+    Returns (rows [M], out [M, heads, head_size]) for the M scheduled verify rows.
+    """
+    num_req, max_len = plan.slots.shape
+    keys, values = gather_kv(kv_cache, plan.slots.view(-1), isa)
+    keys = keys.view(num_req, max_len, *keys.shape[1:]).transpose(1, 2)  # [T, kvh, L, D]
+    values = values.view(num_req, max_len, *values.shape[1:]).transpose(1, 2)
+    q = query[plan.seg_rows.clamp(max=query.shape[0] - 1)].transpose(1, 2)  # [T, H, 1+B, D]
     out = torch.nn.functional.scaled_dot_product_attention(
-        q.float(), keys.float(), values.float(), attn_mask=visible.unsqueeze(1), scale=scale,
-        enable_gqa=heads != kv_heads,
+        q.float(), keys.float(), values.float(), attn_mask=plan.visible.unsqueeze(1),
+        scale=scale, enable_gqa=q.shape[1] != keys.shape[1],
     ).transpose(1, 2)  # [T, 1+B, H, D]
-    return seg_rows[scheduled], out[scheduled].to(query.dtype)
+    return plan.seg_rows[plan.scheduled], out[plan.scheduled].to(query.dtype)
 
 
 class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
@@ -161,12 +175,26 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
             raise NotImplementedError(
                 f"dartree tree verification on CPU does not support {self._tree_unsupported}"
             )
+        plan = _step_plan(step, attn_metadata, kv_cache.shape[2])
         rows, tree_out = tree_attention(
             query.view(query.shape[0], self.num_heads, self.head_size), kv_cache, layer.isa,
-            step, attn_metadata.seq_lens, attn_metadata.block_table, self.scale,
+            plan, self.scale,
         )
         output.view(output.shape[0], self.num_heads, self.head_size)[rows] = tree_out
         return output
+
+
+_plans: dict[tuple[int, int, int], TreeAttentionPlan] = {}
+
+
+def _step_plan(step: VerifyStep, attn_metadata, block_size: int) -> TreeAttentionPlan:
+    """The plan for this step's metadata, computed by the first layer and reused."""
+    key = (id(step), id(attn_metadata.block_table), block_size)
+    if key not in _plans:
+        _plans.clear()  # one step at a time
+        _plans[key] = plan_tree_attention(step, attn_metadata.seq_lens,
+                                          attn_metadata.block_table, block_size)
+    return _plans[key]
 
 
 class TreeCPUAttentionBackend(CPUAttentionBackend):

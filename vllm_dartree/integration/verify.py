@@ -142,24 +142,22 @@ def accepted_row_order(accepted: AcceptedPaths, num_tokens: int) -> torch.Tensor
     step = accepted.verify
     device = step.root_row.device
     order = torch.arange(num_tokens, device=device)
-    budget = step.tree.budget
-    size = 1 + budget
+    size = 1 + step.tree.budget
     nodes = accepted.accepted_nodes  # [T, D+1], -1 padded
-    on_path = torch.zeros(step.num_requests, size, dtype=torch.bool, device=device)
-    on_path.scatter_(1, nodes.clamp(min=0), nodes >= 0)
-    in_segment = torch.arange(size, device=device) <= step.num_drafts.unsqueeze(1)
+    # Rank of each node on the path (size = not on the path); padding goes to a spare column.
+    path_rank = torch.full((step.num_requests, size + 1), size, dtype=torch.int64, device=device)
+    path_rank.scatter_(1, torch.where(nodes >= 0, nodes, size),
+                       torch.arange(nodes.shape[1], device=device).expand_as(nodes))
+    path_rank = path_rank[:, :size]
+    on_path = path_rank < size
+    scheduled = torch.arange(size, device=device) <= step.num_drafts.unsqueeze(1)
     # Sort key: path nodes by path position, then the rest by node index.
-    path_rank = torch.full((step.num_requests, size), size, dtype=torch.int64, device=device)
-    path_rank.scatter_(1, nodes.clamp(min=0),
-                       torch.where(nodes >= 0, torch.arange(nodes.shape[1], device=device)
-                                   .expand_as(nodes), size))
     key = torch.where(on_path, path_rank, size + torch.arange(size, device=device))
-    key = torch.where(in_segment, key, 3 * size)  # unscheduled columns sort last (dropped)
+    key = torch.where(scheduled, key, 3 * size)  # unscheduled columns sort last (dropped)
     sorted_nodes = key.argsort(dim=1, stable=True)  # [T, 1+B] node index per new slot
     rows = step.root_row.unsqueeze(1) + sorted_nodes
     dest = step.root_row.unsqueeze(1) + torch.arange(size, device=device)
-    keep = torch.arange(size, device=device) <= step.num_drafts.unsqueeze(1)
-    order[dest[keep]] = rows[keep]
+    order[dest[scheduled]] = rows[scheduled]
     return order
 
 

@@ -1,0 +1,77 @@
+"""The CPU KV-cache access used by tree attention and compaction, and the verify-step maths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_dartree.integration.cpu_attention import copy_kv_slots, gather_kv
+from vllm_dartree.integration.verify import (
+    AcceptedPaths,
+    accepted_row_order,
+    build_verify_step,
+    compaction_pairs,
+    depth_positions,
+)
+from vllm_dartree.tree import DraftTree
+
+
+@pytest.mark.parametrize(("isa", "block_size", "head_size", "dtype"), [
+    ("vec", 128, 32, torch.float32), ("vec16", 16, 32, torch.float32),
+    ("vec", 32, 64, torch.float32), ("vec16", 16, 64, torch.bfloat16),
+])
+def test_gather_and_copy_match_vllms_cache_writes(isa, block_size, head_size, dtype):
+    from vllm import _custom_ops as ops
+    from vllm.platforms import current_platform
+
+    current_platform.import_kernels()
+    blocks, kv_heads, tokens = 5, 2, 50
+    kv_cache = torch.zeros(blocks, kv_heads, block_size, 2 * head_size, dtype=dtype)
+    key_cache, value_cache = kv_cache.view(blocks, kv_heads, 2 * block_size, -1).chunk(2, dim=2)
+    keys = torch.randn(tokens, kv_heads, head_size).to(dtype)
+    values = torch.randn(tokens, kv_heads, head_size).to(dtype)
+    slots = torch.randperm(blocks * block_size, generator=torch.Generator().manual_seed(0))
+    slots = slots[:tokens]
+    ops.cpu_attn_reshape_and_cache(keys, values, key_cache, value_cache, slots, isa,
+                                   k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
+    got_k, got_v = gather_kv(kv_cache, slots, isa)
+    assert torch.equal(got_k, keys) and torch.equal(got_v, values)
+    # Overlapping copy: every source is read before any destination is written.
+    src, dst = slots[:10], torch.cat([slots[5:10], slots[20:25]])
+    copy_kv_slots(kv_cache, src, dst, isa)
+    moved_k, moved_v = gather_kv(kv_cache, dst, isa)
+    assert torch.equal(moved_k, keys[:10]) and torch.equal(moved_v, values[:10])
+
+
+def _tree(parents, depths, tokens):
+    parents, depths, tokens = (torch.tensor([x]) for x in (parents, depths, tokens))
+    budget = parents.shape[1]
+    return DraftTree(tokens, parents, depths, torch.tensor([budget]),
+                     torch.ones(1, budget, dtype=torch.bool), torch.zeros(1, budget), 4)
+
+
+def test_accepted_path_rows_compaction_and_positions():
+    # root -> 1 -> 2;  root -> 3 -> 4 -> 5   (nodes 1..5 in topological order)
+    tree = _tree(parents=[0, 1, 0, 3, 4], depths=[1, 2, 1, 2, 3], tokens=[7, 8, 9, 10, 11])
+    step = build_verify_step([tree], batch_index=[1], root_row=[10], num_drafts=[5],
+                             device=torch.device("cpu"))
+    positions = torch.arange(100, 120)
+    assert depth_positions(step, positions).tolist() == [111, 112, 111, 112, 113]
+    accepted = AcceptedPaths(step, torch.tensor([[0, 3, 4, -1, -1]]), torch.tensor([3]))
+    order = accepted_row_order(accepted, 20)
+    # Segment rows 10..15 become [root, node3, node4, node1, node2, node5].
+    assert order[10:16].tolist() == [10, 13, 14, 11, 12, 15]
+    assert order[:10].tolist() == list(range(10)) and order[16:].tolist() == [16, 17, 18, 19]
+    slot_mapping = torch.arange(1000, 1020)
+    src, dst = compaction_pairs(accepted, slot_mapping)
+    assert src.tolist() == [1013, 1014] and dst.tolist() == [1011, 1012]
+
+
+def test_truncated_tree_keeps_a_topological_prefix():
+    tree = _tree(parents=[0, 1, 0, 3, 4], depths=[1, 2, 1, 2, 3], tokens=[7, 8, 9, 10, 11])
+    step = build_verify_step([tree], [0], [0], [3], torch.device("cpu"))
+    assert step.tree.valid.tolist() == [[True, True, True, False, False]]
+    assert step.node_in_batch.tolist() == [[True, True, True, False, False]]
+    # Scheduled nodes see their ancestors; unscheduled ones become dummies under the root.
+    assert step.ancestors[0, 2].tolist()[:3] == [True, True, True]
+    assert step.ancestors[0, 4].tolist() == [True, False, False, False, True, False]
