@@ -15,21 +15,32 @@ from pathlib import Path
 
 from vllm_dartree.env import apply_process_defaults
 
-PROMPTS = [
-    "def fibonacci(n):",
-    "import os\nimport sys\n\nclass Config:",
-]
-CHATS = ["Write a function that reverses a list.", "What is a generator?"]
+PROMPTS = ["the cat sees a big red house and then", "moon over the river and"]
+CHATS = ["the dog runs fast", "a happy old cat sleeps"]
 
 
 def demo_pair() -> tuple[Path, Path, str]:
-    """The pair the demo serves: (target, drafter, description)."""
-    from vllm_dartree.testing import tiny_models as tm
+    """The pair the demo serves: (target, drafter, description).
 
-    spec = tm.TargetSpec(with_tokenizer=True)
-    return (tm.write_target(spec), tm.write_drafter(tm.DrafterSpec(target=spec, domino=True)),
-            "tiny random Qwen3 target + random Domino drafter (text is noise; losslessness "
-            "and the machinery are what this pair shows)")
+    The tiny target with a Domino drafter trained for it here (cached after the first run,
+    ~40 s), plus a word-level tokenizer so its 32 token ids read as words.
+    """
+    import shutil
+
+    from vllm_dartree.testing.tiny_models import write_word_tokenizer
+    from vllm_dartree.testing.trained_pair import trained_tiny_pair
+
+    target, drafter = trained_tiny_pair()
+    served = target.parent / f"{target.name}-words"
+    if not (served / "tokenizer.json").exists():
+        served.mkdir(parents=True, exist_ok=True)
+        for name in ("config.json", "model.safetensors"):
+            shutil.copy(target / name, served / name)
+        vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+        write_word_tokenizer(served, vocab)
+    return (served, drafter, "tiny random Qwen3 target (32-word vocabulary) + Domino drafter "
+            "trained for it on this CPU; the words are the target's, DARTree only makes them "
+            "cheaper")
 
 
 def _metric(text: str, name: str) -> float:

@@ -268,3 +268,34 @@ def random_prompts(
         [rng.randrange(1, vocab_size - 1) for _ in range(rng.randint(min_len, max_len))]
         for _ in range(n)
     ]
+
+
+WORDS = (
+    "the a cat dog runs sees big small red blue and then over under tree house river moon sun "
+    "eats sleeps fast slow happy old new user assistant"
+).split()
+WORD_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|> {{ message['role'] }} {{ message['content'] }} "
+    "<|im_end|> {% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+)
+
+
+def write_word_tokenizer(out: Path, vocab_size: int) -> None:
+    """A word-level tokenizer for tiny-vocabulary targets: ids decode to readable words.
+
+    Ids 0-2 are the chat specials, the last id is the drafters' mask token, the rest words.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    words = (WORDS * (1 + vocab_size // len(WORDS)))[: vocab_size - len(specials) - 1]
+    words = [w if words.index(w) == i else f"{w}{i}" for i, w in enumerate(words)]
+    vocab = {w: i for i, w in enumerate([*specials, *words, "<|mask|>"])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=words[0]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>",
+                                   additional_special_tokens=["<|im_start|>", "<|mask|>"])
+    fast.chat_template = WORD_CHAT_TEMPLATE
+    fast.save_pretrained(str(out))
