@@ -1,0 +1,583 @@
+"""GPU check of the DARTree Triton kernels: correctness against the torch twins, then timings
+at Qwen3-8B shapes. Written for one H200, under 8 minutes; needs only torch and triton (it
+imports ``csrc_triton`` and ``vllm_dartree.tree``, never vLLM).
+
+Checks (kernel vs twin, on the GPU): top-B selection, score_select (one DARTree depth step),
+tree attention over a paged KV cache (fp32 and bf16, GQA 1 and 4, head 64 and 128, split
+and unsplit prefix, padded trees), KV compaction (72 caches in one launch, overlapping
+pairs). Exit status 1 when any check fails.
+
+Timings (median of many runs, CUDA events): tree build per step for every
+``vllm_dartree.tree.build_tree`` variant (drafter hidden 4096, GRU 1024, E 256, K 64, W 12,
+B 64, 16 depths, vocabulary 151936, fp32 head with the input-gate table), score_select vs
+its twin, top-B vs its twin, tree attention for 1 + 64 rows over 1k/8k/32k context (32 query
+heads, 8 kv heads, head 128, bf16, block 16; KV split sweep) vs the twin, compaction of 36
+layers (K and V caches) vs the twin.
+
+Modes:
+  --dry-run       CPU, Triton interpreter, tiny shapes: proves the script runs (tests use it).
+  --compile-only  compile every kernel for sm_90 without a GPU (ptxas ships with triton);
+                  with --dry-run only a small set. Records shared memory per kernel.
+
+Run: python benchmarks/gpu_check.py [--out PATH] [--dry-run] [--compile-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+if __name__ == "__main__":
+    # Triton fixes its interpreter mode when first imported: decide before importing anything.
+    _argv = sys.argv[1:]
+    if "--dry-run" in _argv and "--compile-only" not in _argv:
+        os.environ["TRITON_INTERPRET"] = "1"
+    elif "--compile-only" in _argv:
+        os.environ["TRITON_INTERPRET"] = "0"
+
+import torch  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from csrc_triton import kv_compaction as kv  # noqa: E402
+from csrc_triton import score_select as ss  # noqa: E402
+from csrc_triton import topb  # noqa: E402
+from csrc_triton import tree_attention as ta  # noqa: E402
+from vllm_dartree.tree import DominoHead, build_tree, packed_ancestor_mask  # noqa: E402
+from vllm_dartree.tree.types import padded_tree  # noqa: E402
+
+VARIANTS = ("chain", "ddtree", "fixed", "pruned", "sequential")
+H100_SMEM_LIMIT = 232448  # bytes of shared memory one CTA may use on sm_90
+
+
+@dataclass
+class Config:
+    device: str
+    vocab: int = 151936
+    hidden: int = 4096
+    state: int = 1024
+    proj: int = 256
+    depths: int = 16
+    top_k: int = 64
+    width: int = 12
+    budget: int = 64
+    heads: int = 32
+    kv_heads: int = 8
+    head_size: int = 128
+    block_size: int = 16
+    contexts: tuple[int, ...] = (1024, 8192, 32768)
+    split_sweep: tuple[int, ...] = (1, 2, 4, 8, 16)
+    layers: int = 36
+    cache_blocks: int = 1024
+    moved_pairs: int = 64
+    repeats: int = 50
+    build_repeats: int = 20
+    sequential_repeats: int = 3
+
+
+FULL = Config(device="cuda")
+DRY = Config(device="cpu", vocab=400, hidden=32, state=16, proj=16, depths=4, top_k=8,
+             width=3, budget=8, heads=4, kv_heads=1, head_size=64, contexts=(40,),
+             split_sweep=(1, 2), layers=2, cache_blocks=8, moved_pairs=6, repeats=2,
+             build_repeats=2, sequential_repeats=1)
+
+
+# ---------------------------------------------------------------------------------- timing
+def timed(fn: Callable[[], object], repeats: int, device: str, warmup: int = 3) -> dict:
+    """Median / min milliseconds of ``fn`` (CUDA events on a GPU, perf_counter on CPU)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    if device == "cuda":
+        torch.cuda.synchronize()
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(repeats)]
+        for start, end in events:
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        times = [start.elapsed_time(end) for start, end in events]
+    else:
+        for _ in range(repeats):
+            begin = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - begin) * 1e3)
+    return {"median_ms": statistics.median(times), "min_ms": min(times), "repeats": repeats}
+
+
+# ---------------------------------------------------------------------------------- inputs
+def random_bits(gen: torch.Generator, num_requests: int, budget: int, drafts: list[int]
+                ) -> torch.Tensor:
+    """Packed ancestor masks of random trees (parent of node j+1 in 0..j), padded."""
+    parents, depths = [], []
+    for _ in range(num_requests):
+        row = [int(torch.randint(0, j + 1, (), generator=gen)) for j in range(budget)]
+        depth = [0]
+        for parent in row:
+            depth.append(depth[parent] + 1)
+        parents.append(row)
+        depths.append(depth[1:])
+    valid = torch.arange(budget) < torch.tensor(drafts).unsqueeze(1)
+    tree = padded_tree(torch.zeros(num_requests, budget, dtype=torch.int64),
+                       torch.tensor(parents), torch.tensor(depths), valid,
+                       torch.zeros(num_requests, budget),
+                       torch.zeros(num_requests, dtype=torch.int64), budget, None)
+    return packed_ancestor_mask(tree)
+
+
+def attention_case(gen, device, *, heads, kv_heads, head_size, block_size, budget, bases,
+                   drafts, dtype) -> dict:
+    """Inputs of tree attention: shuffled block tables, a verify segment per request."""
+    num_requests = len(bases)
+    lengths = [b + 1 + d for b, d in zip(bases, drafts)]
+    per_req = [math.ceil(n / block_size) for n in lengths]
+    num_blocks = sum(per_req) + 2
+    perm = torch.randperm(num_blocks, generator=gen)
+    table = torch.zeros(num_requests, max(per_req), dtype=torch.int32)
+    start = 0
+    for r, count in enumerate(per_req):
+        table[r, :count] = perm[start : start + count]
+        start += count
+    size = 1 + budget
+    shape = (num_blocks, block_size, kv_heads, head_size)
+    root = torch.tensor([2 + r * (size + 2) for r in range(num_requests)])
+    tensors = dict(
+        query=torch.randn(int(root[-1]) + size + 2, heads, head_size, generator=gen),
+        key_cache=torch.randn(shape, generator=gen), value_cache=torch.randn(shape, generator=gen),
+        block_table=table, base=torch.tensor(bases), ancestor_bits=random_bits(
+            gen, num_requests, budget, drafts),
+        num_rows=1 + torch.tensor(drafts), root_row=root)
+    case = {k: v.to(device) for k, v in tensors.items()}
+    for name in ("query", "key_cache", "value_cache"):
+        case[name] = case[name].to(dtype)
+    case["scale"] = head_size**-0.5
+    return case
+
+
+ATTN_ARGS = ("query", "key_cache", "value_cache", "block_table", "base", "ancestor_bits",
+             "num_rows", "root_row", "scale")
+
+
+def attn_args(case: dict) -> tuple:
+    return tuple(case[name] for name in ATTN_ARGS)
+
+
+def attention_twin(case: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The twin with SDPA's math backend on a GPU (no reduced-precision fused kernels)."""
+    if case["query"].is_cuda:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(SDPBackend.MATH):
+            return ta.tree_attention_torch(*attn_args(case), out=out)
+    return ta.tree_attention_torch(*attn_args(case), out=out)
+
+
+def overlapping_pairs(gen, num_slots: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct destinations that are mostly other pairs' sources (a permuted slot set, plus
+    fresh destinations), the hard case for an in-place copy."""
+    slots = torch.randperm(num_slots, generator=gen)[: count + count // 4]
+    src = slots[:count]
+    dst = torch.cat([src[torch.randperm(count, generator=gen)][: count - count // 4],
+                     slots[count:][: count // 4]])
+    return src, dst
+
+
+def make_head(cfg: Config, gen: torch.Generator, device: str) -> DominoHead:
+    """Random Domino head; the [V, H] embedding and the [V, 3G] input-gate table are strided
+    views of short random buffers (right shapes and access pattern, no gigabytes)."""
+
+    def dense(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) / shape[-1] ** 0.5).to(device)
+
+    def strided(rows: int, cols: int) -> torch.Tensor:
+        return torch.randn(rows + cols, generator=gen).to(device).as_strided((rows, cols), (1, 1))
+
+    head = DominoHead(embed=strided(cfg.vocab, cfg.hidden),
+                      gru_ih=dense(3 * cfg.state, cfg.hidden), gru_hh=dense(3 * cfg.state,
+                                                                            cfg.state),
+                      proj0=dense(cfg.proj, cfg.hidden + cfg.state),
+                      proj2=dense(cfg.vocab, cfg.proj), pure_draft_prefix_len=1)
+    return replace(head, input_gate_table=strided(cfg.vocab, 3 * cfg.state))
+
+
+# ---------------------------------------------------------------------------------- checks
+def check_top_b(cfg: Config, gen: torch.Generator) -> dict:
+    shapes = [(1, 192, 64), (8, 192, 64), (4, 300, 17)] if cfg.device == "cuda" else \
+        [(2, 40, 8)]
+    failures = []
+    for rows, n, b in shapes:
+        for ties in (False, True):
+            scores = (torch.randint(-3, 3, (rows, n), generator=gen).float() if ties
+                      else torch.randn(rows, n, generator=gen))
+            scores[:, n - n // 4 :] = float("-inf")
+            scores = scores.to(cfg.device)
+            if not torch.equal(topb.top_b_triton(scores, b), topb.top_b_torch(scores, b)):
+                failures.append([rows, n, b, ties])
+    return {"ok": not failures, "cases": len(shapes) * 2, "failures": failures}
+
+
+def selection_report(kernel: tuple, case: tuple) -> dict:
+    """Exact match flag, and validity up to near-ties: every chosen pair's twin score equals
+    the reported score and the reported scores equal the twin's top-Q scores (1e-4)."""
+    parent, cand, score = kernel
+    twin_parent, twin_cand, twin_score = ss.score_select_torch(*case)
+    exact = torch.equal(parent, twin_parent) and torch.equal(cand, twin_cand)
+    parent_scores, base = case[0], case[1]
+    top_k = base.shape[1]
+    every = ss.score_select_torch(*case[:2], parent_scores.shape[1] * top_k, *case[3:])
+    full = torch.empty(base.shape[0], parent_scores.shape[1] * top_k, device=base.device)
+    full.scatter_(1, every[0] * top_k + every[1], every[2])
+    flat = parent * top_k + cand
+    chosen_err = (full.gather(1, flat) - score).abs().max().item() if flat.numel() else 0.0
+    score_err = (score - twin_score).abs().max().item() if flat.numel() else 0.0
+    unique = all(len(set(row)) == len(row) for row in flat.tolist())
+    valid = chosen_err < 1e-4 and score_err < 1e-4 and unique
+    return {"ok": valid, "exact": exact, "score_err": score_err}
+
+
+def score_select_cases(cfg: Config, gen: torch.Generator) -> list[tuple[str, tuple]]:
+    def case(r, w, k, e, q, bias=True, dtype=torch.float32):
+        tensors = [-3 * torch.rand(r, w, generator=gen), 3 * torch.randn(r, k, generator=gen)]
+        extra = [torch.randn(r, e, generator=gen), torch.randn(r, w, e, generator=gen),
+                 torch.randn(r, k, e, generator=gen) / e**0.5] if bias else []
+        dev = [t.to(cfg.device) for t in tensors]
+        extra = [t.to(cfg.device, dtype) for t in extra]
+        return (*dev, q, *(extra or [None, None, None]))
+
+    k, w, e = cfg.top_k, cfg.width, cfg.proj
+    ties = case(2, 4, 16, 16, 40)
+    ties = (ties[0][:, :1].expand(2, 4).contiguous(), ties[1].round(), 40, ties[3], ties[4],
+            torch.zeros_like(ties[5]))
+    return [("dartree", case(8, w, k, e, w)), ("depth1", case(4, 1, k, e, w)),
+            ("uncorrected", case(4, w, k, e, w, bias=False)), ("all_pairs", case(2, 3, 8, 16, 24)),
+            ("bf16_head", case(4, w, k, e, w, dtype=torch.bfloat16)), ("ties", ties)]
+
+
+def check_score_select(cfg: Config, gen: torch.Generator) -> dict:
+    report = {}
+    for name, case in score_select_cases(cfg, gen):
+        kernel = ss.score_select_triton(*case)
+        upcast = tuple(t.float() if isinstance(t, torch.Tensor) else t for t in case)
+        report[name] = selection_report(kernel, upcast)
+    report["ok"] = all(r["ok"] for r in report.values()) and report["ties"]["exact"]
+    return report
+
+
+def attention_check_specs(cfg: Config) -> list[dict]:
+    if cfg.device != "cuda":
+        return [dict(heads=4, kv_heads=1, head_size=64, block_size=16, budget=8,
+                     bases=[30, 5], drafts=[8, 4], dtype=torch.float32, splits=(1, 2))]
+    qwen = dict(heads=32, kv_heads=8, head_size=128, block_size=16, budget=64)
+    return [
+        dict(heads=4, kv_heads=4, head_size=64, block_size=16, budget=8, bases=[0, 37, 700],
+             drafts=[8, 5, 0], dtype=torch.float32, splits=(1, 3)),
+        dict(heads=8, kv_heads=2, head_size=128, block_size=32, budget=64, bases=[50, 1300],
+             drafts=[64, 40], dtype=torch.float32, splits=(1, 4)),
+        dict(heads=2, kv_heads=2, head_size=64, block_size=16, budget=128, bases=[300],
+             drafts=[128], dtype=torch.float32, splits=(1,)),
+        dict(**qwen, bases=[1000, 5000, 17, 3000], drafts=[64, 30, 64, 1],
+             dtype=torch.bfloat16, splits=(1, 4)),
+    ]
+
+
+def check_tree_attention(cfg: Config, gen: torch.Generator) -> dict:
+    results = []
+    for spec in attention_check_specs(cfg):
+        spec = dict(spec)
+        splits = spec.pop("splits")
+        case = attention_case(gen, cfg.device, **spec)
+        sentinel = torch.full_like(case["query"], 7.0)
+        twin = attention_twin(case, out=sentinel.clone())
+        tolerance = 1e-4 if spec["dtype"] == torch.float32 else 3e-2
+        for num_splits in splits:
+            out = ta.tree_attention_triton(*attn_args(case), out=sentinel.clone(),
+                                           num_splits=num_splits)
+            untouched = torch.equal(out == 7.0, twin == 7.0)
+            err = (out.float() - twin.float()).abs().max().item()
+            results.append({"heads": spec["heads"], "kv_heads": spec["kv_heads"],
+                            "head_size": spec["head_size"], "budget": spec["budget"],
+                            "dtype": str(spec["dtype"]), "num_splits": num_splits,
+                            "max_abs_err": err, "padding_untouched": untouched,
+                            "ok": err < tolerance and untouched})
+    return {"ok": all(r["ok"] for r in results), "cases": results}
+
+
+def check_compaction(cfg: Config, gen: torch.Generator) -> dict:
+    results = []
+    blocks = min(cfg.cache_blocks, 64)  # random contents for 72 caches: keep them small
+    for dtype in (torch.bfloat16, torch.float32):
+        shape = (blocks, cfg.block_size, cfg.kv_heads, cfg.head_size)
+        caches = [torch.randn(shape, generator=gen).to(cfg.device, dtype)
+                  for _ in range(2 * cfg.layers)]
+        src, dst = overlapping_pairs(gen, blocks * cfg.block_size, cfg.moved_pairs)
+        src, dst = src.to(cfg.device), dst.to(cfg.device)
+        expected = [c.clone() for c in caches]
+        kv.copy_kv_slots_torch(expected, src, dst)
+        kv.copy_kv_slots_triton(caches, src, dst)
+        equal = all(torch.equal(a, b) for a, b in zip(caches, expected))
+        results.append({"dtype": str(dtype), "caches": len(caches), "pairs": int(src.numel()),
+                        "ok": equal})
+    return {"ok": all(r["ok"] for r in results), "cases": results}
+
+
+# --------------------------------------------------------------------------------- timings
+def time_tree_build(cfg: Config, gen: torch.Generator) -> dict:
+    head = make_head(cfg, gen, cfg.device)
+    base = (3 * torch.randn(1, cfg.depths, cfg.vocab, generator=gen)).to(cfg.device)
+    hidden = torch.randn(1, cfg.depths, cfg.hidden, generator=gen).to(cfg.device)
+    root = torch.tensor([1234 % cfg.vocab], device=cfg.device)
+    results = {}
+    for variant in VARIANTS:
+        def run(variant=variant):
+            return build_tree(variant, base, hidden, root, None if variant == "ddtree" else head,
+                              budget=cfg.budget, top_k=cfg.top_k, width=cfg.width,
+                              depth_bonus=-0.2)
+
+        repeats = cfg.sequential_repeats if variant == "sequential" else cfg.build_repeats
+        with torch.inference_mode():
+            results[variant] = timed(run, repeats, cfg.device, warmup=1)
+            results[variant]["num_nodes"] = int(run().num_nodes[0])
+    return results
+
+
+def time_score_select(cfg: Config, gen: torch.Generator) -> dict:
+    results = {}
+    for requests in (1, 8):
+        case = score_select_cases(replace(cfg), gen)[0][1]
+        case = tuple(t[:1].expand(requests, *t.shape[1:]).contiguous()
+                     if isinstance(t, torch.Tensor) else t for t in case)
+        results[f"R{requests}"] = {
+            "kernel": timed(lambda c=case: ss.score_select_triton(*c), cfg.repeats, cfg.device),
+            "twin": timed(lambda c=case: ss.score_select_torch(*c), cfg.repeats, cfg.device)}
+    return results
+
+
+def time_top_b(cfg: Config, gen: torch.Generator) -> dict:
+    results = {}
+    nodes = cfg.width * cfg.depths  # pruned supertree size
+    for requests in (1, 8):
+        scores = torch.randn(requests, nodes, generator=gen).to(cfg.device)
+        results[f"R{requests}_N{nodes}_B{cfg.budget}"] = {
+            "kernel": timed(lambda s=scores: topb.top_b_triton(s, cfg.budget), cfg.repeats,
+                            cfg.device),
+            "twin": timed(lambda s=scores: topb.top_b_torch(s, cfg.budget), cfg.repeats,
+                          cfg.device)}
+    return results
+
+
+def time_tree_attention(cfg: Config, gen: torch.Generator) -> dict:
+    return {f"ctx{context}": time_attention_context(cfg, gen, context)
+            for context in cfg.contexts}
+
+
+def time_attention_context(cfg: Config, gen: torch.Generator, context: int) -> dict:
+    """One request, 1 + B rows over ``context`` prefix keys: a sweep of KV splits, the
+    dispatcher with its split heuristic, and the twin."""
+    case = attention_case(gen, cfg.device, heads=cfg.heads, kv_heads=cfg.kv_heads,
+                          head_size=cfg.head_size, block_size=cfg.block_size,
+                          budget=cfg.budget, bases=[context], drafts=[cfg.budget],
+                          dtype=torch.bfloat16 if cfg.device == "cuda" else torch.float32)
+    out = torch.empty_like(case["query"])
+    auto = ta.auto_num_splits(case["query"], case["key_cache"], case["ancestor_bits"], context)
+    sweep = {}
+    for splits in sorted(set(cfg.split_sweep) | {auto}):
+        sweep[str(splits)] = timed(lambda s=splits: ta.tree_attention_triton(
+            *attn_args(case), out=out, num_splits=s), cfg.repeats, cfg.device)
+    best = min(sweep, key=lambda s: sweep[s]["median_ms"])
+    return {"kernel_unsplit": sweep["1"], "auto_splits": auto, "best_splits": int(best),
+            "kernel_auto": timed(lambda: ta.tree_attention(*attn_args(case), out=out,
+                                                           max_prefix=context),
+                                 cfg.repeats, cfg.device),
+            "split_sweep": sweep,
+            "twin": timed(lambda: ta.tree_attention_torch(*attn_args(case), out=out),
+                          max(3, cfg.repeats // 5), cfg.device)}
+
+
+def time_compaction(cfg: Config, gen: torch.Generator) -> dict:
+    shape = (cfg.cache_blocks, cfg.block_size, cfg.kv_heads, cfg.head_size)
+    dtype = torch.bfloat16 if cfg.device == "cuda" else torch.float32
+    caches = [torch.empty(shape, dtype=dtype, device=cfg.device) for _ in range(2 * cfg.layers)]
+    src, dst = overlapping_pairs(gen, cfg.cache_blocks * cfg.block_size, cfg.moved_pairs)
+    src, dst = src.to(cfg.device), dst.to(cfg.device)
+    ptrs = kv.cache_pointer_table(caches)
+    return {
+        "layers": cfg.layers, "caches": len(caches), "pairs": int(src.numel()),
+        "kernel": timed(lambda: kv.copy_kv_slots_triton(caches, src, dst, ptrs), cfg.repeats,
+                        cfg.device),
+        "twin": timed(lambda: kv.copy_kv_slots_torch(caches, src, dst), cfg.repeats,
+                      cfg.device)}
+
+
+# ---------------------------------------------------------------------------- compile-only
+AOT_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+             torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+             torch.uint8: "u8"}
+
+
+def aot_compile(fn: Callable, kwargs: dict, arch: int = 90) -> dict:
+    """Compile one launch (python kernel function + its kwargs) for CUDA sm_<arch>."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    kwargs = dict(kwargs)
+    options = {name: kwargs.pop(name) for name in ("num_warps", "num_stages") if name in kwargs}
+    signature, constexprs = {}, {}
+    for name, param in inspect.signature(fn).parameters.items():
+        value = kwargs[name]
+        if "constexpr" in str(param.annotation):
+            signature[name], constexprs[name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + AOT_TYPES[value.dtype]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+        else:
+            signature[name] = "fp32"
+    begin = time.perf_counter()
+    source = ASTSource(fn=JITFunction(fn), signature=signature, constexprs=constexprs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    shared = int(compiled.metadata.shared)
+    return {"kernel": fn.__name__, "compile_s": time.perf_counter() - begin,
+            "shared_bytes": shared, "ok": shared <= H100_SMEM_LIMIT,
+            "constexprs": {k: str(v) for k, v in constexprs.items()}}
+
+
+def compile_launches(dry: bool) -> list[tuple[Callable, dict]]:
+    """Kernel launches built from small CPU tensors (only dtypes and constexprs matter)."""
+    for module in (topb, ta, kv, ss):
+        module._load_triton()
+    gen = torch.Generator().manual_seed(0)
+    launches = []
+    attn = [(torch.bfloat16, 64, 4, 1)] if dry else [
+        (dtype, head, heads, kv_heads) for dtype in (torch.bfloat16, torch.float32)
+        for head in (64, 128) for heads, kv_heads in ((32, 8), (4, 4))]
+    for dtype, head, heads, kv_heads in attn:
+        case = attention_case(gen, "cpu", heads=heads, kv_heads=kv_heads, head_size=head,
+                              block_size=16, budget=64, bases=[40], drafts=[64], dtype=dtype)
+        for splits in (1, 4):
+            for fn, _, kwargs in ta.tree_attention_launches(
+                    *attn_args(case), torch.empty_like(case["query"]), num_splits=splits):
+                if not (dry and splits == 1):  # dry: the split path (partials + merge) only
+                    launches.append((fn, kwargs))
+    for bias in (True,) if dry else (True, False):
+        case = score_select_cases(replace(DRY if dry else FULL, device="cpu"), gen)[
+            0 if bias else 2][1]
+        (fn, _, kwargs), _ = ss.score_select_launch(*case, chunk=16)
+        launches.append((fn, {**kwargs, "num_warps": 8}))
+    for dtype in (torch.bfloat16,) if dry else (torch.bfloat16, torch.float32):
+        caches = [torch.zeros(4, 16, 8, 128, dtype=dtype) for _ in range(2)]
+        fn, _, kwargs = kv.copy_kv_slots_launch(caches, torch.arange(3), torch.arange(3))
+        launches.append((fn, kwargs))
+    scores = torch.zeros(2, 192)
+    launches.append((topb._top_b_rows, dict(
+        scores_ptr=scores, kept_ptr=torch.zeros(2, 64, dtype=torch.int64), n=192, b=64,
+        stride_s=192, stride_k=64, BLOCK_N=256, CHUNK_N=topb.CHUNK)))
+    return launches
+
+
+def run_compile_only(dry: bool) -> dict:
+    compiled = [aot_compile(fn, kwargs) for fn, kwargs in compile_launches(dry)]
+    return {"ok": all(c["ok"] for c in compiled), "target": "cuda sm_90", "kernels": compiled}
+
+
+# ------------------------------------------------------------------------------------ main
+def environment(cfg: Config) -> dict:
+    import triton
+
+    info = {"torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(), "device": cfg.device,
+            "interpreter": topb.interpreter_enabled()}
+    if cfg.device == "cuda" and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def run_checks_and_timings(cfg: Config) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    report = {"checks": {}, "timings": {}}
+    steps = [("checks", "top_b", check_top_b), ("checks", "score_select", check_score_select),
+             ("checks", "tree_attention", check_tree_attention),
+             ("checks", "compaction", check_compaction),
+             ("timings", "tree_build", time_tree_build),
+             ("timings", "score_select", time_score_select), ("timings", "top_b", time_top_b),
+             ("timings", "tree_attention", time_tree_attention),
+             ("timings", "compaction", time_compaction)]
+    for section, name, step in steps:
+        begin = time.perf_counter()
+        report[section][name] = step(cfg, gen)
+        elapsed = time.perf_counter() - begin
+        status = report[section][name].get("ok", "-") if section == "checks" else "-"
+        print(f"{section:>8} {name:<15} ok={status!s:<5} {elapsed:7.1f}s", flush=True)
+        if cfg.device == "cuda":
+            torch.cuda.empty_cache()
+    report["all_ok"] = all(check["ok"] for check in report["checks"].values())
+    return report
+
+
+def print_timings(timings: dict) -> None:
+    for variant, row in timings["tree_build"].items():
+        print(f"  tree build {variant:<11} {row['median_ms']:9.3f} ms  ({row['num_nodes']} nodes)")
+    for name, rows in (("score_select", timings["score_select"]), ("top_b", timings["top_b"])):
+        for shape, row in rows.items():
+            print(f"  {name} {shape:<14} kernel {row['kernel']['median_ms']:8.3f} ms  "
+                  f"twin {row['twin']['median_ms']:8.3f} ms")
+    for context, row in timings["tree_attention"].items():
+        print(f"  tree attention {context:<9} unsplit {row['kernel_unsplit']['median_ms']:8.3f}"
+              f" ms  auto({row['auto_splits']}) {row['kernel_auto']['median_ms']:8.3f} ms  "
+              f"best({row['best_splits']})  twin {row['twin']['median_ms']:8.3f} ms")
+    row = timings["compaction"]
+    print(f"  compaction {row['caches']} caches {row['pairs']} pairs  kernel "
+          f"{row['kernel']['median_ms']:8.3f} ms  twin {row['twin']['median_ms']:8.3f} ms")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/gpu_check.json")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="CPU + Triton interpreter + tiny shapes (checks the script runs)")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile every kernel for sm_90 (no GPU needed) and stop")
+    args = parser.parse_args(argv)
+    begin = time.perf_counter()
+    cfg = DRY if args.dry_run else FULL
+    if args.compile_only:
+        report = {"mode": "compile-only", "compile": run_compile_only(args.dry_run)}
+        report["all_ok"] = report["compile"]["ok"]
+        for row in report["compile"]["kernels"]:
+            print(f"  {row['kernel']:<22} {row['compile_s']:6.1f}s  smem {row['shared_bytes']}")
+    else:
+        if cfg.device == "cuda" and not torch.cuda.is_available():
+            print("no CUDA device: run with --dry-run or --compile-only", file=sys.stderr)
+            return 2
+        if args.dry_run and not topb.interpreter_loaded():
+            print("--dry-run needs triton imported with TRITON_INTERPRET=1 (run this file as a "
+                  "script)", file=sys.stderr)
+            return 2
+        report = {"mode": "dry-run" if args.dry_run else "gpu", **run_checks_and_timings(cfg)}
+        print_timings(report["timings"])
+    report.update(config={k: str(v) if isinstance(v, tuple) else v
+                          for k, v in asdict(cfg).items()},
+                  environment=environment(cfg), elapsed_s=time.perf_counter() - begin)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"all_ok={report['all_ok']}  wrote {args.out}  ({report['elapsed_s']:.1f}s)")
+    return 0 if report["all_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
