@@ -30,6 +30,7 @@ from vllm_dartree.integration.verify import (
     ProposedTrees,
     VerifyStep,
     accepted_row_order,
+    batch_needs_chain,
     compaction_pairs,
 )
 from vllm_dartree.tree import accept_tree, build_tree
@@ -99,12 +100,15 @@ class DARTreeProposer(DFlashProposer):
         base_logits = self.model.compute_logits(depth_hidden.reshape(-1, hidden))
         base_logits = base_logits.view(num_reqs, depths, -1).float()
         settings = self.settings
+        req_ids = self.target_runner.input_batch.req_ids[:num_reqs]
+        # A batch that will be verified as a chain gets the drafter's best chain.
+        variant = ("chain" if batch_needs_chain(self.target_runner, req_ids)
+                   else settings.tree)
         tree = build_tree(
-            settings.tree, base_logits, depth_hidden.float(), next_token_ids.to(torch.int64),
+            variant, base_logits, depth_hidden.float(), next_token_ids.to(torch.int64),
             self.head, budget=self.budget, top_k=min(settings.top_k, base_logits.shape[-1]),
             width=settings.width, depth_bonus=settings.effective_depth_bonus,
         )
-        req_ids = self.target_runner.input_batch.req_ids[:num_reqs]
         self.proposed = ProposedTrees({r: i for i, r in enumerate(req_ids)}, tree)
         return tree.tokens
 

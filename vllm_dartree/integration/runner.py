@@ -7,10 +7,18 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
 from vllm_dartree.integration.cpu_attention import tree_verify
 from vllm_dartree.integration.patching import VllmPatch
 from vllm_dartree.integration.proposer import DARTreeProposer, dartree_settings
-from vllm_dartree.integration.verify import build_verify_step, chain_tree, depth_positions, row_of
+from vllm_dartree.integration.verify import (
+    batch_needs_chain,
+    build_verify_step,
+    chain_tree,
+    depth_positions,
+    row_of,
+)
 
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 
@@ -18,27 +26,6 @@ RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 def _dartree_drafter(runner) -> DARTreeProposer | None:
     drafter = getattr(runner, "drafter", None)
     return drafter if isinstance(drafter, DARTreeProposer) else None
-
-
-def needs_chain_verification(sampling_params) -> bool:
-    """Requests whose sampling reads the drafted prefix (or needs per-token logprobs) are
-    verified as chains: vLLM's own chain machinery then handles them exactly."""
-    sp = sampling_params
-    if sp is None:
-        return False
-    return bool(
-        sp.presence_penalty or sp.frequency_penalty or sp.repetition_penalty != 1.0
-        or sp.bad_words or sp.allowed_token_ids or sp.logit_bias or sp.min_tokens
-        or sp.min_p or sp.logprobs is not None or sp.structured_outputs is not None
-        or getattr(sp, "thinking_token_budget", None)
-    )
-
-
-def batch_needs_chain(runner, req_ids) -> bool:
-    return any(
-        needs_chain_verification(getattr(runner.requests.get(r), "sampling_params", None))
-        for r in req_ids
-    )
 
 
 class ProposerSwap(VllmPatch):
@@ -96,8 +83,6 @@ def plan_verify(runner, drafter: DARTreeProposer, scheduler_output, num_schedule
     ends = num_scheduled.cumsum()
     trees, batch_index, root_row, num_drafts = [], [], [], []
     device = runner.device
-    import torch
-
     for i, (req_id, drafts) in enumerate(zip(req_ids, spec_meta.num_draft_tokens)):
         if drafts == 0:
             continue
@@ -105,8 +90,7 @@ def plan_verify(runner, drafter: DARTreeProposer, scheduler_output, num_schedule
         if row is None:  # drafts that are not from a tree this proposer built: a chain
             tokens = scheduler_output.scheduled_spec_decode_tokens.get(req_id, [])
             padded = (list(tokens) + [0] * drafter.budget)[: drafter.budget]
-            tree = chain_tree(1, drafter.budget, None,
-                              torch.tensor([padded], device=device))
+            tree = chain_tree(torch.tensor([padded], device=device))
         else:
             tree = row_of(proposed.tree, row)
         trees.append(tree)

@@ -50,9 +50,9 @@ class AcceptedPaths:
     num_accepted: torch.Tensor  # [T] path length including the root
 
 
-def chain_tree(num_requests: int, budget: int, root_tokens: torch.Tensor,
-               tokens: torch.Tensor) -> DraftTree:
+def chain_tree(tokens: torch.Tensor) -> DraftTree:
     """A chain over ``tokens`` [R, B]: node j's parent is node j-1 (used for non-tree drafts)."""
+    num_requests, budget = tokens.shape
     device = tokens.device
     index = torch.arange(budget, device=device).expand(num_requests, budget)
     return DraftTree(
@@ -176,3 +176,24 @@ def compaction_pairs(accepted: AcceptedPaths, slot_mapping: torch.Tensor
     src_rows = step.root_row.unsqueeze(1) + nodes.clamp(min=0)
     dst_rows = step.root_row.unsqueeze(1) + depth
     return slot_mapping[src_rows[moved]], slot_mapping[dst_rows[moved]]
+
+
+def needs_chain_verification(sampling_params) -> bool:
+    """Requests whose sampling reads the drafted prefix (or needs per-token logprobs) are
+    verified as chains: vLLM's own chain machinery then handles them exactly."""
+    sp = sampling_params
+    if sp is None:
+        return False
+    return bool(
+        sp.presence_penalty or sp.frequency_penalty or sp.repetition_penalty != 1.0
+        or sp.bad_words or sp.allowed_token_ids or sp.logit_bias or sp.min_tokens
+        or sp.min_p or sp.logprobs is not None or sp.structured_outputs is not None
+        or getattr(sp, "thinking_token_budget", None)
+    )
+
+
+def batch_needs_chain(runner, req_ids) -> bool:
+    return any(
+        needs_chain_verification(getattr(runner.requests.get(r), "sampling_params", None))
+        for r in req_ids
+    )
