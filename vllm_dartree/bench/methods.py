@@ -1,0 +1,76 @@
+"""The six benchmarked methods as vLLM speculative configs (one engine configuration each).
+
+=================  ==============================================================
+ar                 target alone (no speculative config)
+dflash             chain of the drafter's argmax per depth, no correction head
+ddtree             DDTree best-first tree over the drafter's per-depth marginals
+domino             chain with the Domino correction head
+dartree-fixed      DARTree, per-depth quotas (beta = 0)
+dartree-pruned     DARTree supertree of width W pruned to the top-B by score + beta*depth
+=================  ==============================================================
+
+Chains verify one node per drafter depth (the block, not B), as DFlash/Domino do.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+METHODS: tuple[str, ...] = ("ar", "dflash", "ddtree", "domino", "dartree-fixed", "dartree-pruned")
+ALIASES = {"fixed": "dartree-fixed", "pruned": "dartree-pruned", "dartree": "dartree-pruned",
+           "baseline": "ar"}
+LABELS = {"ar": "AR", "dflash": "DFlash", "ddtree": "DDTree", "domino": "Domino",
+          "dartree-fixed": "DARTree (fixed)", "dartree-pruned": "DARTree (pruned)"}
+TREE_METHODS = ("ddtree", "dartree-fixed", "dartree-pruned")
+
+
+@dataclass(frozen=True)
+class TreeParams:
+    """Paper defaults: B = 64 nodes, K = 64 candidates, W = 12, beta = -0.2."""
+
+    budget: int = 64
+    top_k: int = 64
+    width: int = 12
+    depth_bonus: float = -0.2
+
+
+def canonical(name: str) -> str:
+    name = ALIASES.get(name.lower(), name.lower())
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+    return name
+
+
+def drafter_depths(drafter: str | Path) -> int:
+    """Depths one drafter forward predicts: the block (shift layout) or block - 1."""
+    config = json.loads((Path(drafter) / "config.json").read_text())
+    block = int(config.get("block_size", 16) or 16)
+    shift = bool((config.get("dflash_config") or {}).get("shift_label", False))
+    return block if shift else block - 1
+
+
+def speculative_config(method: str, drafter: str | Path | None, params: TreeParams,
+                       depths: int | None = None) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` for ``method`` (None for AR)."""
+    method = canonical(method)
+    if method == "ar":
+        return None
+    if drafter is None:
+        raise ValueError(f"method {method!r} needs a drafter checkpoint")
+    base: dict[str, Any] = {"method": "dartree", "model": str(drafter)}
+    if method in ("dflash", "domino"):
+        chain = depths or drafter_depths(drafter)
+        extra = {"correction": False} if method == "dflash" else {"correction": True,
+                                                                   "top_k": params.top_k}
+        return base | {"tree": "chain", "num_speculative_tokens": chain} | extra
+    if method == "ddtree":
+        return base | {"tree": "ddtree", "num_speculative_tokens": params.budget}
+    if method == "dartree-fixed":
+        return base | {"tree": "fixed", "num_speculative_tokens": params.budget,
+                       "top_k": params.top_k, "correction": True}
+    return base | {"tree": "pruned", "num_speculative_tokens": params.budget,
+                   "top_k": params.top_k, "width": min(params.width, params.budget),
+                   "depth_bonus": params.depth_bonus, "correction": True}

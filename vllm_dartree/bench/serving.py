@@ -1,0 +1,103 @@
+"""Concurrency mode: one OpenAI server per method, C concurrent clients on loopback.
+
+Each method gets its own ``vllm-dartree serve`` process (same engine settings as the
+in-process run, ``--max-num-seqs`` = the largest C). For every C, ``max(2C, #prompts)``
+requests (first turns of the benchmark samples, chat template applied here and sent as
+token ids to ``/v1/completions``) are sent by C client threads; aggregate completion
+tokens/s = completion tokens / wall time, speedup = method tokens/s / AR tokens/s at that C.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from itertools import cycle, islice
+from typing import Any
+
+from vllm_dartree.bench.datasets import Sample
+from vllm_dartree.bench.methods import speculative_config
+from vllm_dartree.testing.server import http_json, http_text, running_server
+
+SERVED_NAME = "bench"
+COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+def server_args(config: Any, max_len: int, max_seqs: int, spec: dict[str, Any] | None,
+                has_tokenizer: bool) -> list[str]:
+    args = ["--dtype", config.dtype, "--max-model-len", str(max_len), "--enforce-eager",
+            "--max-num-seqs", str(max_seqs), "--max-num-batched-tokens",
+            str(max(2048, max_len)), "--kv-cache-memory-bytes", str(config.kv_cache_mib << 20),
+            "--seed", str(config.seed)]
+    if not has_tokenizer:
+        args.append("--skip-tokenizer-init")
+    if spec:
+        args += ["--speculative-config", json.dumps(spec)]
+    return args
+
+
+def request_body(prompt: list[int], config: Any, index: int) -> dict[str, Any]:
+    temperature = config.temperatures[0]
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": config.max_new_tokens,
+            "temperature": temperature, "ignore_eos": bool(config.ignore_eos)}
+    return body | ({"seed": config.seed + index} if temperature > 0 else {})
+
+
+def spec_counters(base: str) -> dict[str, float]:
+    text = http_text(base + "/metrics")
+    out = {}
+    for name in COUNTERS:
+        match = re.search(rf"^vllm:spec_decode_{name}_total(?:{{[^}}]*}})? ([0-9.e+]+)$",
+                          text, re.M)
+        out[name] = float(match.group(1)) if match else 0.0
+    return out
+
+
+def measure(base: str, prompts: list[list[int]], concurrency: int, config: Any) -> dict[str, Any]:
+    count = max(2 * concurrency, len(prompts))
+    bodies = [request_body(p, config, i) for i, p in enumerate(islice(cycle(prompts), count))]
+
+    def send(body: dict[str, Any]) -> tuple[int, float]:
+        started = time.perf_counter()
+        answer = http_json(base + "/v1/completions", body, timeout=3600)
+        return int(answer["usage"]["completion_tokens"]), time.perf_counter() - started
+
+    before = spec_counters(base)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        done = list(pool.map(send, bodies))
+    wall = time.perf_counter() - started
+    after = spec_counters(base)
+    tokens = sum(n for n, _ in done)
+    drafts = after["num_drafts"] - before["num_drafts"]
+    accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+    return {"concurrency": concurrency, "requests": count, "completion_tokens": tokens,
+            "wall_s": round(wall, 3), "tokens_per_s": tokens / wall if wall else None,
+            "mean_latency_s": sum(t for _, t in done) / len(done),
+            "tau_vllm": 1 + accepted / drafts if drafts else None}
+
+
+def run_method(config: Any, method: str, prompts: list[list[int]], max_len: int,
+               has_tokenizer: bool) -> list[dict[str, Any]]:
+    spec = speculative_config(method, config.drafter, config.tree)
+    args = server_args(config, max_len, max(config.concurrency), spec, has_tokenizer)
+    with running_server(config.target, *args, served_name=SERVED_NAME,
+                        log_name=f"bench_serve_{method}.log") as base:
+        http_json(base + "/v1/completions", request_body(prompts[0], config, 0) | {
+            "max_tokens": 4})  # warm-up
+        return [{"method": method} | measure(base, prompts, c, config)
+                for c in config.concurrency]
+
+
+def run_concurrency(config: Any, builder: Any, samples: dict[str, list[Sample]],
+                    max_len: int) -> list[dict[str, Any]]:
+    prompts = [builder.turn_ids(s, []) for group in samples.values() for s in group]
+    rows = []
+    for method in config.methods:
+        rows += run_method(config, method, prompts, max_len, builder.tokenizer is not None)
+    ar = {r["concurrency"]: r["tokens_per_s"] for r in rows if r["method"] == "ar"}
+    for row in rows:
+        base = ar.get(row["concurrency"])
+        row["speedup"] = row["tokens_per_s"] / base if base and row["tokens_per_s"] else None
+    return rows
