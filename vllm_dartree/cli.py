@@ -3,6 +3,7 @@
 - ``vllm-dartree serve MODEL [vLLM serve options]``: vLLM's OpenAI server with the plugin.
 - ``vllm-dartree demo``: the main job on an embedded default (see ``vllm_dartree.demo``).
 - ``vllm-dartree train-drafter --target DIR --out DIR ...``: train a DFlash+Domino drafter.
+- ``vllm-dartree bench ...`` / ``vllm-dartree viz ...``: the benchmark harness and tree drawings.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="vllm-dartree", description=__doc__.splitlines()[0])
     parser.add_argument(
-        "command", choices=["serve", "demo", "train-drafter"],
+        "command", choices=["serve", "demo", "train-drafter", "bench", "viz"],
         help="serve: vLLM's OpenAI server (all `vllm serve` options pass through); demo: a "
         "self-contained run on local models; train-drafter: train a Domino drafter for a "
-        "target (`vllm-dartree train-drafter --help`)",
+        "target (`vllm-dartree train-drafter --help`); bench: methods x datasets benchmark; "
+        "viz: draw verification trees",
     )
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
@@ -40,6 +42,14 @@ def main(argv: list[str] | None = None) -> None:
         from vllm_dartree.training.cli import main as train_main
 
         train_main(rest)
+    elif command == "bench":
+        from vllm_dartree.bench.run import main as bench_main
+
+        bench_main(rest)
+    elif command == "viz":
+        from vllm_dartree.bench.viz import main as viz_main
+
+        viz_main(rest)
 
 
 if __name__ == "__main__":
