@@ -68,7 +68,12 @@ class PromptBuilder:
         """Each token on its own (for tree drawings); None without a tokenizer."""
         if self.tokenizer is None:
             return None
-        return [self.tokenizer.decode([i]) for i in ids]
+        return [self._piece(i) for i in ids]
+
+    def _piece(self, token_id: int) -> str:
+        """Decoded text, or the vocabulary entry for byte fragments that decode to U+FFFD."""
+        text = self.tokenizer.decode([token_id])
+        return str(self.tokenizer.convert_ids_to_tokens(token_id)) if "\ufffd" in text else text
 
     def length_bound(self, sample: Sample, max_new_tokens: int) -> int:
         """Upper bound on the context a sample reaches (all turns, answers at full length)."""

@@ -34,7 +34,9 @@ from vllm_dartree.env import project_root
 
 DEFAULT_DRAFTER = Path("benchmarks") / "drafters" / "smollm2-135m-domino"
 DEFAULT_OUT = Path("benchmarks") / "results" / "latest"
-QUICK = {"num_samples": 2, "max_new_tokens": 64, "temperatures": [0.0], "dtype": "float32",
+# Sized for the shared 2-core dev CPU (< 20 min for 6 methods x 7 datasets): verify steps on
+# CPU cost 0.3-1.7 s at 100-270-token contexts there (KV gather of the CPU tree attention).
+QUICK = {"num_samples": 2, "max_new_tokens": 32, "temperatures": [0.0], "dtype": "float32",
          "kv_cache_mib": 256, "threads": 1, "tree": TreeParams(budget=16, width=4),
          "out": Path("benchmarks") / "results" / "quick"}
 
@@ -209,7 +211,7 @@ def _run_method(config: BenchConfig, method: str, builder: Any,
     keep = config.save_trees if spec else 0
     try:
         with RoundRecorder(keep_limit=keep) as recorder:
-            for temperature in config.temperatures:
+            for temperature in map(float, config.temperatures):
                 settings = GenSettings(
                     max_new_tokens=config.max_new_tokens, temperature=temperature,
                     max_model_len=max_len, eos_token_id=builder.eos_token_id,

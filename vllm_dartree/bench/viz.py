@@ -74,7 +74,7 @@ def draw_tree(tree: dict[str, Any], title: str, path: Path) -> Path:
     on_path = set(tree.get("accepted", [0]))
     rows = max(y for _, y in pos.values()) + 1
     depth = max(max(x for x, _ in pos.values()), len(on_path)) + 1
-    fig, ax = plt.subplots(figsize=(1.3 + 1.25 * depth, max(2.2, 0.9 + 0.28 * rows)))
+    fig, ax = plt.subplots(figsize=(1.5 + 0.95 * depth, max(2.2, 0.9 + 0.28 * rows)))
     _draw_bonus(ax, tree, pos)
     for node, kids in children_of(tree).items():
         for child in kids:
@@ -89,7 +89,7 @@ def draw_tree(tree: dict[str, Any], title: str, path: Path) -> Path:
                 bbox={"boxstyle": "round,pad=0.2", "fc": ACCEPTED if hot else "#f2f2f2",
                       "ec": ACCEPTED if hot else OTHER, "lw": 0.6})
     ax.set_xlim(-0.6, depth - 0.4)
-    ax.set_ylim(rows - 0.5, -0.5)
+    ax.set_ylim(rows, -0.5)  # room below the last row for a bonus box
     ax.set_xticks(range(int(depth)))
     ax.set_xlabel("depth")
     ax.set_yticks([])
@@ -111,8 +111,9 @@ def _draw_bonus(ax: Any, tree: dict[str, Any], pos: dict[int, tuple[float, float
     if tree.get("bonus") is None or not path:
         return
     x, y = pos[path[-1]]
-    ax.plot([x, x + 1], [y, y], color=ACCEPTED, lw=1.4, ls="--", zorder=1)
-    ax.text(x + 1, y, label(tree, "bonus"), ha="center", va="center", fontsize=7, zorder=2,
+    x_bonus, y_bonus = x + 0.5, y + 0.5  # between columns and rows: not a tree node
+    ax.plot([x, x_bonus], [y, y_bonus], color=ACCEPTED, lw=1.4, ls="--", zorder=1)
+    ax.text(x_bonus, y_bonus, label(tree, "bonus"), ha="center", va="center", fontsize=7, zorder=2,
             bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": ACCEPTED, "ls": "--"})
 
 
