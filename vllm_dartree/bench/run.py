@@ -156,6 +156,9 @@ def run_benchmark(config: BenchConfig,
     if vocab and config.tree.top_k > vocab:  # K cannot exceed the vocabulary (tiny targets)
         config = replace(config, tree=replace(config.tree, top_k=vocab))
     samples = samples if samples is not None else load_samples(config, vocab)
+    if builder.tokenizer is None and any(s.prompt_ids is None for g in samples.values() for s in g):
+        raise SystemExit(f"target {config.target} has no tokenizer: text datasets need one; "
+                         "use --datasets random (token-id prompts)")
     slots = max(_draft_slots(config, m) for m in config.methods)
     max_len = fit_model_len(config, builder, samples, slots)
     results: dict[str, Any] = {"meta": meta(config, samples, max_len), "runs": [],
