@@ -66,9 +66,14 @@ def kv_slot_layout(isa: str, block_size: int, head_size: int, dtype: torch.dtype
     return key_index.view(block_size, head_size), value_index.view(block_size, head_size)
 
 
-def _flat_blocks(kv_cache: torch.Tensor) -> torch.Tensor:
-    num_blocks, num_kv_heads, _, _ = kv_cache.shape
-    return kv_cache.view(num_blocks, num_kv_heads, -1)
+def _element_index(kv_cache: torch.Tensor, slots: torch.Tensor, within_block: torch.Tensor
+                   ) -> torch.Tensor:
+    """Flat indices [N, kv_heads, E] of the elements ``within_block[offset]`` of each slot."""
+    _, num_kv_heads, block_size, two_head = kv_cache.shape
+    per_head = block_size * two_head
+    heads = torch.arange(num_kv_heads).view(1, -1, 1)
+    start = ((slots // block_size).view(-1, 1, 1) * num_kv_heads + heads) * per_head
+    return start + within_block[slots % block_size].unsqueeze(1)
 
 
 def gather_kv(kv_cache: torch.Tensor, slots: torch.Tensor, isa: str
@@ -76,13 +81,9 @@ def gather_kv(kv_cache: torch.Tensor, slots: torch.Tensor, isa: str
     """Keys and values [N, kv_heads, head_size] stored at ``slots`` [N]."""
     _, _, block_size, two_head = kv_cache.shape
     key_index, value_index = kv_slot_layout(isa, block_size, two_head // 2, kv_cache.dtype)
-    flat = _flat_blocks(kv_cache)
-    blocks, offsets = slots // block_size, slots % block_size
-    per_slot = flat[blocks]  # [N, kvh, F]
-    heads = per_slot.shape[1]
-    k_idx = key_index[offsets].unsqueeze(1).expand(-1, heads, -1)
-    v_idx = value_index[offsets].unsqueeze(1).expand(-1, heads, -1)
-    return per_slot.gather(2, k_idx), per_slot.gather(2, v_idx)
+    flat = kv_cache.view(-1)  # index single elements: no per-slot copy of whole blocks
+    return (flat[_element_index(kv_cache, slots, key_index)],
+            flat[_element_index(kv_cache, slots, value_index)])
 
 
 def copy_kv_slots(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, isa: str
@@ -92,14 +93,9 @@ def copy_kv_slots(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, 
         return
     _, _, block_size, two_head = kv_cache.shape
     key_index, value_index = kv_slot_layout(isa, block_size, two_head // 2, kv_cache.dtype)
-    flat = _flat_blocks(kv_cache)
-    index = torch.cat([key_index, value_index], dim=1)  # [bs, 2*hd]
-    src_idx, dst_idx = index[src % block_size], index[dst % block_size]  # [N, 2hd]
-    values = flat[src // block_size].gather(
-        2, src_idx.unsqueeze(1).expand(-1, flat.shape[1], -1))  # [N, kvh, 2hd]
-    dst_blocks = (dst // block_size).view(-1, 1, 1).expand_as(values)
-    heads = torch.arange(flat.shape[1]).view(1, -1, 1).expand_as(values)
-    flat[dst_blocks, heads, dst_idx.unsqueeze(1).expand_as(values)] = values
+    both = torch.cat([key_index, value_index], dim=1)  # [bs, 2*hd]: every element of a slot
+    flat = kv_cache.view(-1)
+    flat[_element_index(kv_cache, dst, both)] = flat[_element_index(kv_cache, src, both)]
 
 
 @dataclass
