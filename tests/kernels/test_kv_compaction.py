@@ -6,20 +6,16 @@ The kernel runs in a fresh subprocess with TRITON_INTERPRET=1 (see test_topb.py)
 """
 
 import math
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from csrc_triton.kv_compaction import copy_kv_slots, copy_kv_slots_torch, split_kv_caches
 from vllm_dartree.integration.verify import AcceptedPaths, build_verify_step, compaction_pairs
 from vllm_dartree.tree.types import padded_tree
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def random_tree(gen: torch.Generator, budget: int):
@@ -146,12 +142,7 @@ def run_interpreted_kernel(cases: list[dict], tmp_path: Path) -> list[list[torch
         kv.copy_kv_slots(caches, case["src"], case["dst"], kv.cache_pointer_table(caches))
         torch.save((results, caches), {str(outputs)!r})
     """)
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    results, dispatched = torch.load(outputs)
+    results, dispatched = run_interpreted(script, outputs)
     assert all(torch.equal(a, b) for a, b in zip(results[0], dispatched))
     return results
 

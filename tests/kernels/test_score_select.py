@@ -4,14 +4,12 @@ against the supertree builder it factors out (``grow_supertree``).
 The kernel runs in a fresh subprocess with TRITON_INTERPRET=1 (see test_topb.py).
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from csrc_triton.score_select import score_select, score_select_torch
 from vllm_dartree.tree import DominoHead
@@ -24,7 +22,6 @@ from vllm_dartree.tree.build import (
     prepare_candidates,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 ARGS = ("parent_scores", "base", "quota", "z_proj", "s_proj", "cand_weights")
 
 
@@ -134,12 +131,7 @@ def run_interpreted_kernel(cases: list[dict], tmp_path: Path) -> list[tuple]:
         dispatched = ss.score_select(*[cases[0][n] for n in names])
         torch.save((results, dispatched), {str(outputs)!r})
     """)
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    results, dispatched = torch.load(outputs)
+    results, dispatched = run_interpreted(script, outputs)
     assert all(torch.equal(a, b) for a, b in zip(results[0], dispatched))
     return results
 

@@ -6,18 +6,15 @@ kernel therefore runs in a fresh subprocess; the comparisons happen here.
 """
 
 import heapq
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from csrc_triton.topb import select_top_b, top_b_torch
 
-REPO = Path(__file__).resolve().parents[2]
 SHAPES = [(1, 1, 1), (3, 10, 4), (2, 64, 64), (4, 65, 64), (2, 192, 64), (3, 256, 17),
           (2, 300, 299), (2, 5, 0), (5, 33, 1)]
 
@@ -59,12 +56,7 @@ def run_interpreted_kernel(cases, tmp_path: Path) -> list[torch.Tensor]:
         dispatched = [topb.select_top_b(scores, b) for scores, b in cases]
         torch.save((kept, dispatched), {str(outputs)!r})
     """)
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    kept, dispatched = torch.load(outputs)
+    kept, dispatched = run_interpreted(script, outputs)
     for a, b in zip(kept, dispatched):
         assert torch.equal(a, b)
     return kept

@@ -8,15 +8,13 @@ half-precision case uses float16; bfloat16 is checked on a GPU by benchmarks/gpu
 """
 
 import math
-import os
-import subprocess
-import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from csrc_triton.tree_attention import (
     choose_num_splits,
@@ -27,7 +25,6 @@ from csrc_triton.tree_attention import (
 from vllm_dartree.tree import ancestor_mask, packed_ancestor_mask
 from vllm_dartree.tree.types import padded_tree
 
-REPO = Path(__file__).resolve().parents[2]
 SENTINEL = 7.0  # rows the kernel must not write keep this value
 
 
@@ -152,12 +149,7 @@ def run_interpreted_kernel(cases: list[dict], tmp_path: Path) -> list[torch.Tens
         dispatched = ta.tree_attention(*[case[name] for name in names])
         torch.save((results, dispatched), {str(outputs)!r})
     """)
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    results, dispatched = torch.load(outputs)
+    results, dispatched = run_interpreted(script, outputs)
     first = results[0].clone()
     scheduled = scheduled_rows(cases[0])
     assert torch.equal(dispatched[scheduled], first[scheduled])
