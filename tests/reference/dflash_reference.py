@@ -2,7 +2,7 @@
 
 Written from the description of the public reference code (z-lab/dflash ``dflash/model.py``
 ``DFlashDraftModel``, jianuo-huang/Domino ``code/dflash.py`` ``spec_generate``; see
-``/work/shared/notes/reference-methods.md`` sections 1 and 2), NOT from vllm_dartree or vLLM:
+``../shared/notes/reference-methods.md`` sections 1 and 2), NOT from vllm_dartree or vLLM:
 
 - Qwen3-style decoder layers (input_layernorm -> attention -> residual -> post_attention_layernorm
   -> SiLU-gated MLP -> residual), final ``norm``; no embedding and no lm_head of its own.
