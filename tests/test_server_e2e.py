@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vllm_dartree.testing.server import http_json, http_text, running_server
+from vllm_dartree.testing.server import http_json, http_text, metric_value, running_server
 from vllm_dartree.testing.tiny_models import DrafterSpec, TargetSpec, write_drafter, write_target
 
 pytestmark = pytest.mark.e2e
@@ -62,9 +61,9 @@ def _serve_all(base: str) -> list[dict]:
 
 
 def _metric(text: str, name: str) -> float:
-    match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
-    assert match, f"{name} missing from /metrics"
-    return float(match.group(1))
+    value = metric_value(text, name)
+    assert value is not None, f"{name} missing from /metrics"
+    return value
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from pathlib import Path
 
@@ -43,18 +42,13 @@ def demo_pair() -> tuple[Path, Path, str]:
             "cheaper")
 
 
-def _metric(text: str, name: str) -> float:
-    match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
-    return float(match.group(1)) if match else 0.0
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="vllm-dartree demo")
     parser.add_argument("--tree", default="pruned", choices=["pruned", "fixed", "ddtree", "chain"])
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args(argv or [])
     apply_process_defaults()
-    from vllm_dartree.testing.server import http_json, http_text, running_server
+    from vllm_dartree.testing.server import http_json, http_text, metric_value, running_server
 
     target, drafter, description = demo_pair()
     speculative = {"method": "dartree", "model": str(drafter), "tree": args.tree}
@@ -77,8 +71,8 @@ def main(argv: list[str] | None = None) -> None:
                 "max_tokens": args.max_tokens, "temperature": 0})
             print(f"[chat] {question!r}\n  -> {answer['choices'][0]['message']['content']!r}")
         metrics = http_text(base + "/metrics")
-    drafts = _metric(metrics, "vllm:spec_decode_num_drafts_total")
-    accepted = _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total")
+    drafts = metric_value(metrics, "vllm:spec_decode_num_drafts_total") or 0.0
+    accepted = metric_value(metrics, "vllm:spec_decode_num_accepted_tokens_total") or 0.0
     mean = 1 + accepted / drafts if drafts else float("nan")
     print(f"\ntree variant: {args.tree}   verify rounds: {drafts:.0f}   "
           f"accepted draft tokens: {accepted:.0f}")

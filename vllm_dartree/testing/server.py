@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -31,6 +32,13 @@ def http_json(url: str, payload: dict | None = None, timeout: float = 120.0) -> 
     with urllib.request.urlopen(request, timeout=timeout) as response:
         body = response.read().decode()
     return json.loads(body) if body.strip().startswith(("{", "[")) else {"text": body}
+
+
+def metric_value(metrics_text: str, name: str) -> float | None:
+    """The value of Prometheus sample ``name`` (any labels) in a ``/metrics`` page, or None."""
+    pattern = rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$"
+    match = re.search(pattern, metrics_text, re.M)
+    return float(match.group(1)) if match else None
 
 
 def http_text(url: str, timeout: float = 30.0) -> str:
