@@ -9,7 +9,8 @@ pairs). Exit status 1 when any check fails.
 
 Timings (median of many runs, CUDA events): tree build per step for every
 ``vllm_dartree.tree.build_tree`` variant (drafter hidden 4096, GRU 1024, E 256, K 64, W 12,
-B 64, 16 depths, vocabulary 151936, fp32 head with the input-gate table), score_select vs
+B 64, 16 depths, vocabulary 151936, fp32 head with the input-gate table; chain, fixed and
+pruned also with the head's per-depth calls replayed from CUDA graphs), score_select vs
 its twin, top-B vs its twin, tree attention for 1 + 64 rows over 1k/8k/32k context (32 query
 heads, 8 kv heads, head 128, bf16, block 16; KV split sweep) vs the twin, compaction of 36
 layers (K and V caches) vs the twin.
@@ -55,6 +56,7 @@ from csrc_triton import score_select as ss  # noqa: E402
 from csrc_triton import topb  # noqa: E402
 from csrc_triton import tree_attention as ta  # noqa: E402
 from vllm_dartree.tree import DominoHead, build_tree, packed_ancestor_mask  # noqa: E402
+from vllm_dartree.tree.graphs import CorrectionGraphs  # noqa: E402
 from vllm_dartree.tree.types import padded_tree  # noqa: E402
 
 VARIANTS = ("chain", "ddtree", "fixed", "pruned", "sequential")
@@ -349,7 +351,28 @@ def time_tree_build(cfg: Config, gen: torch.Generator) -> dict:
         with torch.inference_mode():
             results[variant] = timed(run, repeats, cfg.device, warmup=1)
             results[variant]["num_nodes"] = int(run().num_nodes[0])
+        if variant in ("chain", "fixed", "pruned"):
+            results[variant].update(time_with_graphs(cfg, variant, head, base, hidden, root))
     return results
+
+
+def time_with_graphs(cfg: Config, variant: str, head: DominoHead, base: torch.Tensor,
+                     hidden: torch.Tensor, root: torch.Tensor) -> dict:
+    """The same build with ``CorrectionGraphs`` (what the proposer uses on a GPU; the padded
+    eager path on CPU), and whether it gives the same tree."""
+    graphs = CorrectionGraphs(head, capture=cfg.device == "cuda")
+
+    def run(graphs=None):
+        return build_tree(variant, base, hidden, root, head, budget=cfg.budget,
+                          top_k=cfg.top_k, width=cfg.width, depth_bonus=-0.2, graphs=graphs)
+
+    with torch.inference_mode():
+        plain, graphed = run(), run(graphs)
+        row = timed(lambda: run(graphs), cfg.build_repeats, cfg.device, warmup=1)
+    same = all(torch.equal(getattr(plain, name), getattr(graphed, name))
+               for name in ("tokens", "parents", "depths", "valid"))
+    return {"graphs_median_ms": row["median_ms"], "graphs_captured": graphs.num_captured(),
+            "graphs_same_tree": same}
 
 
 def time_score_select(cfg: Config, gen: torch.Generator) -> dict:
@@ -531,7 +554,10 @@ def run_checks_and_timings(cfg: Config) -> dict:
 
 def print_timings(timings: dict) -> None:
     for variant, row in timings["tree_build"].items():
-        print(f"  tree build {variant:<11} {row['median_ms']:9.3f} ms  ({row['num_nodes']} nodes)")
+        graphs = (f"  graphs {row['graphs_median_ms']:9.3f} ms (same tree: "
+                  f"{row['graphs_same_tree']})" if "graphs_median_ms" in row else "")
+        print(f"  tree build {variant:<11} {row['median_ms']:9.3f} ms  ({row['num_nodes']} nodes)"
+              f"{graphs}")
     for name, rows in (("score_select", timings["score_select"]), ("top_b", timings["top_b"])):
         for shape, row in rows.items():
             print(f"  {name} {shape:<14} kernel {row['kernel']['median_ms']:8.3f} ms  "

@@ -76,6 +76,10 @@ def activate() -> None:
 
         register_tree_cpu_attention()
     else:
+        if current_platform.is_cuda():
+            from vllm_dartree.integration.gpu_attention import register_tree_triton_attention
+
+            register_tree_triton_attention()
         # The proposer and tree sampler hook the V1 runner; V2 is vLLM's GPU default.
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         logger.info("vllm-dartree: selecting vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)")
@@ -91,6 +95,7 @@ def build_dartree_speculative_config(engine_args, original, target_model_config,
 
     config = parse_speculative_config(engine_args.speculative_config)
     refuse_unverifiable_platform(config)
+    select_tree_attention_backend(config, engine_args)
     activate()
     requested = engine_args.speculative_config
     # vLLM carries dartree as its DFlash method (same drafter plumbing) with B draft slots;
@@ -116,17 +121,29 @@ def build_dartree_speculative_config(engine_args, original, target_model_config,
 
 def refuse_unverifiable_platform(config) -> None:
     """Trees need an ancestor mask in the target's attention. This build has it for vLLM's
-    CPU backend only; a chain needs no mask (causal attention is exact for it)."""
+    CPU backend and for its Triton backend on CUDA; a chain needs no mask (causal attention
+    is exact for it)."""
     from vllm.platforms import current_platform
 
     from vllm_dartree.config import DARTreeConfigError
 
-    if config.tree != "chain" and not current_platform.is_cpu():
+    if config.tree != "chain" and not (current_platform.is_cpu() or current_platform.is_cuda()):
         raise DARTreeConfigError(
             f"speculative_config key 'tree' = {config.tree!r} needs tree attention, which this "
-            f"build of vllm-dartree provides for vLLM's CPU backend only (platform: "
-            f"{current_platform.device_name}); use tree 'chain' here, or the CPU backend"
+            f"build of vllm-dartree provides for vLLM's CPU backend and its Triton backend on "
+            f"CUDA only (platform: {current_platform.device_name}); use tree 'chain' here, or "
+            "one of those backends"
         )
+
+
+def select_tree_attention_backend(config, engine_args) -> None:
+    """On CUDA, trees are verified by the Triton backend: select it (or refuse another)."""
+    from vllm.platforms import current_platform
+
+    if config.tree != "chain" and current_platform.is_cuda():
+        from vllm_dartree.integration.gpu_attention import select_triton_backend
+
+        select_triton_backend(engine_args)
 
 
 def check_drafter(config, draft_hf_config, target_model_config, parallel_config) -> None:

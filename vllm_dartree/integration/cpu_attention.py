@@ -11,27 +11,13 @@ plus its own ancestors, which is what the target would see had it decoded that b
 from __future__ import annotations
 
 import functools
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
+from vllm_dartree.integration.tree_context import active_step, step_cached
 from vllm_dartree.integration.verify import VerifyStep
-
-_active_step: VerifyStep | None = None
-
-
-@contextmanager
-def tree_verify(step: VerifyStep | None):
-    """Mark the target forward of a tree verify step (the drafter's forward is never inside)."""
-    global _active_step
-    _active_step = step
-    try:
-        yield
-    finally:
-        _active_step = None
-        _plans.clear()
 
 
 @functools.lru_cache(maxsize=16)
@@ -164,7 +150,7 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
                 output_scale=None, output_block_scale=None):
         output = super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                  output_scale, output_block_scale)
-        step = _active_step
+        step = active_step()
         if step is None or attn_metadata is None or step.num_requests == 0:
             return output
         if self._tree_unsupported:
@@ -180,17 +166,11 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         return output
 
 
-_plans: dict[tuple[int, int, int], TreeAttentionPlan] = {}
-
-
 def _step_plan(step: VerifyStep, attn_metadata, block_size: int) -> TreeAttentionPlan:
     """The plan for this step's metadata, computed by the first layer and reused."""
-    key = (id(step), id(attn_metadata.block_table), block_size)
-    if key not in _plans:
-        _plans.clear()  # one step at a time
-        _plans[key] = plan_tree_attention(step, attn_metadata.seq_lens,
-                                          attn_metadata.block_table, block_size)
-    return _plans[key]
+    key = ("cpu", id(step), id(attn_metadata.block_table), block_size)
+    return step_cached(key, lambda: plan_tree_attention(
+        step, attn_metadata.seq_lens, attn_metadata.block_table, block_size))
 
 
 class TreeCPUAttentionBackend(CPUAttentionBackend):

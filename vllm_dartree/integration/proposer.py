@@ -23,7 +23,6 @@ from vllm.v1.spec_decode.dflash import DFlashProposer
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 from vllm_dartree.config import DARTreeConfig
-from vllm_dartree.integration.cpu_attention import copy_kv_slots
 from vllm_dartree.integration.drafter_model import DrafterLayout, read_layout
 from vllm_dartree.integration.verify import (
     AcceptedPaths,
@@ -34,6 +33,7 @@ from vllm_dartree.integration.verify import (
     compaction_pairs,
 )
 from vllm_dartree.tree import accept_tree, build_tree
+from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size
 
 logger = logging.getLogger("vllm.dartree")
 
@@ -83,6 +83,17 @@ class DARTreeProposer(DFlashProposer):
         super().load_model(target_model)
         head = self.model.correction_head() if hasattr(self.model, "correction_head") else None
         self.head = head.with_input_gate_table() if (head and self.use_correction) else None
+        self.graphs = self._correction_graphs()
+
+    def _correction_graphs(self) -> CorrectionGraphs | None:
+        """CUDA graphs of the per-depth head calls, unless the engine runs eagerly. On a CPU
+        there are no launches to save, and padding would only add rows."""
+        if self.head is None or not self.head.proj0.is_cuda:
+            return None
+        if self.vllm_config.model_config.enforce_eager:
+            return None
+        max_requests = self.vllm_config.scheduler_config.max_num_seqs
+        return CorrectionGraphs(self.head, capture=True, max_bucket=bucket_size(max_requests))
 
     def propose(self, num_speculative_tokens, target_token_ids, target_positions,
                 target_hidden_states, next_token_ids, token_indices_to_sample,
@@ -108,6 +119,7 @@ class DARTreeProposer(DFlashProposer):
             variant, base_logits, depth_hidden.float(), next_token_ids.to(torch.int64),
             self.head, budget=self.budget, top_k=min(settings.top_k, base_logits.shape[-1]),
             width=settings.width, depth_bonus=settings.effective_depth_bonus,
+            graphs=self.graphs,
         )
         self.proposed = ProposedTrees({r: i for i, r in enumerate(req_ids)}, tree)
         return tree.tokens
@@ -187,6 +199,15 @@ class DARTreeProposer(DFlashProposer):
 
     def _compact_kv(self, accepted: AcceptedPaths) -> None:
         """Move the accepted path's target KV to the slots right after the root."""
+        if self.target_kv and self.target_kv[0][0].is_cuda:
+            # vLLM's GPU page layout: the Triton compaction kernel, one launch per group.
+            from vllm_dartree.integration.gpu_attention import compact_kv_caches
+
+            compact_kv_caches(self.target_kv, accepted)
+            return
+        # vLLM's CPU layout packs K/V per ISA: copy element by element through it.
+        from vllm_dartree.integration.cpu_attention import copy_kv_slots
+
         for kv_cache, isa, slot_mapping in self.target_kv:
             src, dst = compaction_pairs(accepted, slot_mapping)
             copy_kv_slots(kv_cache, src, dst, isa)

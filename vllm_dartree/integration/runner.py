@@ -9,9 +9,9 @@ import functools
 
 import torch
 
-from vllm_dartree.integration.cpu_attention import tree_verify
 from vllm_dartree.integration.patching import VllmPatch
 from vllm_dartree.integration.proposer import DARTreeProposer, dartree_settings
+from vllm_dartree.integration.tree_context import tree_verify
 from vllm_dartree.integration.verify import (
     batch_needs_chain,
     build_verify_step,

@@ -20,6 +20,7 @@ import torch
 
 from csrc_triton.topb import select_top_b
 from vllm_dartree.tree.correction import DominoHead
+from vllm_dartree.tree.graphs import CorrectionGraphs
 from vllm_dartree.tree.types import DraftTree, padded_tree
 
 VARIANTS = ("chain", "ddtree", "fixed", "pruned", "sequential")
@@ -39,6 +40,7 @@ def build_tree(
     top_k: int = 64,
     width: int = 12,
     depth_bonus: float = -0.2,
+    graphs: CorrectionGraphs | None = None,
 ) -> DraftTree:
     """Build the draft trees of R requests with one of ``VARIANTS``.
 
@@ -51,9 +53,14 @@ def build_tree(
     - ``pruned``: DARTree supertree of ``width`` nodes per depth, then the global top-budget
       by path score + depth_bonus * depth (``depth_bonus`` <= 0 keeps it prefix-closed).
     - ``sequential``: exact per-node best-first reference (slow, loops in Python).
+
+    ``graphs`` (wrapping ``head``) runs the per-depth head calls of ``chain``, ``fixed`` and
+    ``pruned`` as padded fixed-shape steps (CUDA graphs on a GPU); ``sequential`` ignores it.
     """
     _validate(variant, base_logits, draft_hidden, root_tokens, head, budget, top_k, width,
               depth_bonus)
+    if graphs is not None and graphs.head is not head:
+        raise ValueError("graphs must wrap the head passed to build_tree")
     if variant == "ddtree":
         return build_ddtree(base_logits, root_tokens, budget=budget)
     if variant == "chain" and head is None:
@@ -62,15 +69,15 @@ def build_tree(
     depths = base_logits.shape[1]
     if variant == "chain":
         quotas = capacity_limited([1] * min(depths, budget), top_k)
-        return supertree_to_tree(grow_supertree(candidates, head, root_tokens, quotas),
+        return supertree_to_tree(grow_supertree(candidates, head, root_tokens, quotas, graphs),
                                  root_tokens, budget, depths)
     if variant == "fixed":
         quotas = fixed_quotas(budget, depths, top_k)
-        return supertree_to_tree(grow_supertree(candidates, head, root_tokens, quotas),
+        return supertree_to_tree(grow_supertree(candidates, head, root_tokens, quotas, graphs),
                                  root_tokens, budget, depths)
     if variant == "pruned":
         quotas = capacity_limited([width] * depths, top_k)
-        supertree = grow_supertree(candidates, head, root_tokens, quotas)
+        supertree = grow_supertree(candidates, head, root_tokens, quotas, graphs)
         return prune_supertree(supertree, root_tokens, budget, depth_bonus, depths)
     return build_sequential(candidates, head, root_tokens, budget=budget,
                             depth_bonus=depth_bonus)
@@ -166,18 +173,20 @@ def prepare_candidates(
 
 
 def candidate_logprobs(
-    candidates: Candidates, depth: int, head: DominoHead | None, states: torch.Tensor | None
+    candidates: Candidates, depth: int, head: DominoHead | None, states: torch.Tensor | None,
+    graphs: CorrectionGraphs | None = None,
 ) -> torch.Tensor:
     """Log-probs of the K candidates of ``depth`` for each parent, normalised over the K.
 
     Returns [R, N, K] for N parents with states [R, N, G], or [R, 1, K] (shared by all
     parents) when the depth is uncorrected.
     """
-    logits = candidates.base[:, depth - 1].unsqueeze(1)
+    base = candidates.base[:, depth - 1]
     if head is not None and head.corrects_depth(depth):
-        bias = head.bias_from_parts(candidates.z_proj[:, depth - 1], states,
-                                    candidates.weights[:, depth - 1])
-        logits = logits + bias
+        corrected = head.corrected_logprobs if graphs is None else graphs.logprobs
+        return corrected(base, candidates.z_proj[:, depth - 1],
+                         candidates.weights[:, depth - 1], states)
+    logits = base.unsqueeze(1)
     return logits - logits.logsumexp(dim=-1, keepdim=True)
 
 
@@ -222,6 +231,7 @@ def grow_supertree(
     head: DominoHead | None,
     root_tokens: torch.Tensor,
     quotas: list[int],
+    graphs: CorrectionGraphs | None = None,
 ) -> Supertree:
     """Per depth, keep the global top-``quota`` (parent, candidate) pairs over the frontier.
 
@@ -240,7 +250,7 @@ def grow_supertree(
     for depth, quota in enumerate(quotas, start=1):
         if quota == 0:
             break
-        logprobs = candidate_logprobs(candidates, depth, head, states)
+        logprobs = candidate_logprobs(candidates, depth, head, states, graphs)
         pair_scores = (frontier_scores.unsqueeze(-1) + logprobs).flatten(1)
         child_scores, pair = stable_topk(pair_scores, quota)
         parent_slot, cand_slot = pair // top_k, pair % top_k
@@ -251,7 +261,8 @@ def grow_supertree(
         scores.append(child_scores)
         if with_states and depth < num_depths:
             state_index = parent_slot.unsqueeze(-1).expand(-1, -1, states.shape[-1])
-            states = head.advance(states.gather(1, state_index), child_tokens)
+            stepper = head if graphs is None else graphs
+            states = stepper.advance(states.gather(1, state_index), child_tokens)
         frontier_scores = child_scores
         frontier_nodes = torch.arange(next_node, next_node + quota, device=device)
         frontier_nodes = frontier_nodes.expand(num_requests, quota)

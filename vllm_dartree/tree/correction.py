@@ -121,6 +121,12 @@ class DominoHead:
         mid = F.silu(z_proj.unsqueeze(1) + h @ self.proj_s.T)
         return mid @ cand_weights.transpose(1, 2)
 
+    def corrected_logprobs(self, base: torch.Tensor, z_proj: torch.Tensor,
+                           cand_weights: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """base [R, K] + the bias for N parents -> log-probs [R, N, K] normalised over K."""
+        logits = base.unsqueeze(1) + self.bias_from_parts(z_proj, h, cand_weights)
+        return logits - logits.logsumexp(dim=-1, keepdim=True)
+
     def candidate_bias(
         self, z_hidden: torch.Tensor, h: torch.Tensor, cand_ids: torch.Tensor
     ) -> torch.Tensor:
