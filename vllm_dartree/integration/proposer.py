@@ -32,7 +32,7 @@ from vllm_dartree.integration.verify import (
     batch_needs_chain,
     compaction_pairs,
 )
-from vllm_dartree.tree import accept_tree, build_tree
+from vllm_dartree.tree import accept_tree, build_tree, race_sample
 from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size
 
 logger = logging.getLogger("vllm.dartree")
@@ -188,13 +188,10 @@ class DARTreeProposer(DFlashProposer):
         is_greedy = temperature < 1e-5
         scaled = logits.float() / torch.where(is_greedy, 1.0, temperature).unsqueeze(1)
         scaled = apply_top_k_top_p(scaled, expand(sampling.top_k), expand(sampling.top_p))
-        probs = scaled.softmax(dim=-1)
-        noise = torch.empty_like(probs).exponential_()
         starts = (torch.cumsum(counts + 1, 0) - counts - 1).tolist()
-        for req, generator in sampling.generators.items():
-            rows = slice(starts[req], starts[req] + int(counts[req]) + 1)
-            noise[rows].exponential_(generator=generator)
-        sampled = (probs / noise).argmax(dim=-1)
+        request_rows = {slice(starts[req], starts[req] + int(counts[req]) + 1): generator
+                        for req, generator in sampling.generators.items()}
+        sampled = race_sample(scaled.softmax(dim=-1), request_rows)
         return torch.where(is_greedy, greedy, sampled)
 
     def _compact_kv(self, accepted: AcceptedPaths) -> None:
