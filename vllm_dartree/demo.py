@@ -14,16 +14,34 @@ from pathlib import Path
 
 from vllm_dartree.env import apply_process_defaults
 
-PROMPTS = ["the cat sees a big red house and then", "moon over the river and"]
-CHATS = ["the dog runs fast", "a happy old cat sleeps"]
+SMOLLM2_DRAFTER = Path("benchmarks") / "drafters" / "smollm2-135m-domino"
+# Questions written for the demo (not from any benchmark or training set).
+SMOLLM2_CHATS = [
+    "A baker makes 24 muffins and sells them in boxes of 4. Each box costs $6. "
+    "How much money does the baker make? Explain step by step.",
+    "Write a Python function that returns the sum of the even numbers in a list.",
+]
+SMOLLM2_PROMPTS = ["The three primary colors are"]
+TINY_PROMPTS = ["the cat sees a big red house and then", "moon over the river and"]
+TINY_CHATS = ["the dog runs fast", "a happy old cat sleeps"]
 
 
-def demo_pair() -> tuple[Path, Path, str]:
-    """The pair the demo serves: (target, drafter, description).
+def smollm2_pair() -> tuple[Path, Path, str]:
+    """SmolLM2-135M-Instruct (converted offline by ``make models``) + the committed Domino
+    drafter trained for it on this CPU (benchmarks/drafters/smollm2-135m-domino)."""
+    from vllm_dartree.env import project_root
+    from vllm_dartree.models.smollm2 import ensure_smollm2
 
-    The tiny target with a Domino drafter trained for it here (cached after the first run,
-    ~40 s), plus a word-level tokenizer so its 32 token ids read as words.
-    """
+    drafter = project_root() / SMOLLM2_DRAFTER
+    if not (drafter / "config.json").exists():
+        raise SystemExit(f"drafter not found at {drafter}; `--pair tiny` runs without it")
+    return (ensure_smollm2(), drafter, "SmolLM2-135M-Instruct + DFlash/Domino drafter trained "
+            "for it on this CPU (benchmarks/drafters/smollm2-135m-domino)")
+
+
+def tiny_pair() -> tuple[Path, Path, str]:
+    """The tiny target with a Domino drafter trained for it here (cached after the first run,
+    ~40 s), plus a word-level tokenizer so its 32 token ids read as words."""
     import shutil
 
     from vllm_dartree.testing.tiny_models import write_word_tokenizer
@@ -42,15 +60,23 @@ def demo_pair() -> tuple[Path, Path, str]:
             "cheaper")
 
 
+PAIRS = {"smollm2": (smollm2_pair, SMOLLM2_PROMPTS, SMOLLM2_CHATS, 160),
+         "tiny": (tiny_pair, TINY_PROMPTS, TINY_CHATS, 48)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="vllm-dartree demo")
     parser.add_argument("--tree", default="pruned", choices=["pruned", "fixed", "ddtree", "chain"])
-    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--pair", default="smollm2", choices=sorted(PAIRS))
+    parser.add_argument("--max-tokens", type=int, help="per answer (default: 160 for smollm2, "
+                        "48 for tiny)")
     args = parser.parse_args(argv or [])
     apply_process_defaults()
     from vllm_dartree.testing.server import http_json, http_text, metric_value, running_server
 
-    target, drafter, description = demo_pair()
+    make_pair, prompts, chats, max_tokens = PAIRS[args.pair]
+    max_tokens = args.max_tokens or max_tokens
+    target, drafter, description = make_pair()
     speculative = {"method": "dartree", "model": str(drafter), "tree": args.tree}
     print(f"pair: {description}\n  target:  {target}\n  drafter: {drafter}")
     print(f"starting: vllm-dartree serve {target.name} --speculative-config "
@@ -60,15 +86,15 @@ def main(argv: list[str] | None = None) -> None:
                    "--speculative-config", json.dumps(speculative))
     with running_server(target, *server_args, served_name="demo", log_name="demo.log") as base:
         print(f"server ready after {time.perf_counter() - start:.0f} s at {base}\n")
-        for prompt in PROMPTS:
+        for prompt in prompts:
             answer = http_json(base + "/v1/completions", {
-                "model": "demo", "prompt": prompt, "max_tokens": args.max_tokens,
+                "model": "demo", "prompt": prompt, "max_tokens": max_tokens,
                 "temperature": 0})
             print(f"[completion] {prompt!r}\n  -> {answer['choices'][0]['text']!r}")
-        for question in CHATS:
+        for question in chats:
             answer = http_json(base + "/v1/chat/completions", {
                 "model": "demo", "messages": [{"role": "user", "content": question}],
-                "max_tokens": args.max_tokens, "temperature": 0})
+                "max_tokens": max_tokens, "temperature": 0})
             print(f"[chat] {question!r}\n  -> {answer['choices'][0]['message']['content']!r}")
         metrics = http_text(base + "/metrics")
     drafts = metric_value(metrics, "vllm:spec_decode_num_drafts_total") or 0.0

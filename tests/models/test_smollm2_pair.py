@@ -1,0 +1,88 @@
+"""The committed SmolLM2 drafter (benchmarks/drafters/smollm2-135m-domino) inside vLLM: every
+variant gives exactly the target-only greedy tokens, and the trained drafter really drafts
+(pruned accepts several tokens per round, more than the DFlash chain).
+
+Prompts are everyday questions, not benchmark or training prompts.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_dartree.env import project_root
+from vllm_dartree.models.smollm2 import ensure_smollm2
+
+pytestmark = pytest.mark.e2e
+
+DRAFTER = project_root() / "benchmarks" / "drafters" / "smollm2-135m-domino"
+QUESTIONS = [
+    "Tom has 3 apples and buys 4 more. How many apples does he have? Think step by step.",
+    "Write a Python function that checks whether a number is prime.",
+    "A train travels 60 km per hour for 2 hours. How far does it go?",
+    "Explain what a list comprehension is in Python, with an example.",
+]
+NEW_TOKENS = 64
+ENGINE = {"dtype": "float32", "max_model_len": 1024, "max_num_seqs": 4}
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return ensure_smollm2()
+
+
+@pytest.fixture(scope="module")
+def prompts(model_dir):
+    from vllm_dartree.training.data import encode_prompts
+
+    return encode_prompts(model_dir, QUESTIONS)
+
+
+@pytest.fixture(scope="module")
+def target_only(engines, model_dir, prompts):
+    from vllm import SamplingParams
+
+    from vllm_dartree.testing.engine import generate_ids
+
+    llm = engines.get(model=str(model_dir), **ENGINE)
+    return generate_ids(llm, prompts, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS))
+
+
+def test_committed_drafter_is_small_and_in_domino_format():
+    config = json.loads((DRAFTER / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"]
+    assert config["dflash_config"]["projector_type"] == "domino"
+    assert config["dflash_config"]["shift_label"] is True and config["block_size"] == 16
+    assert (DRAFTER / "model.safetensors").stat().st_size < 40 << 20
+    assert (DRAFTER / "README.md").exists()
+
+
+def _tau(counters_before, counters_after) -> float:
+    drafts = counters_after["num_drafts"] - counters_before.get("num_drafts", 0)
+    accepted = counters_after["num_accepted_tokens"] - counters_before.get(
+        "num_accepted_tokens", 0)
+    return 1 + accepted / drafts
+
+
+@pytest.fixture(scope="module")
+def taus(engines, model_dir, prompts, target_only):
+    from vllm import SamplingParams
+
+    from vllm_dartree.bench.methods import TreeParams, speculative_config
+    from vllm_dartree.testing.engine import generate_ids, spec_decode_counters
+
+    found = {}
+    for method in ("dartree-pruned", "dflash"):
+        llm = engines.get(model=str(model_dir), **ENGINE,
+                          speculative_config=speculative_config(method, DRAFTER, TreeParams()))
+        before = spec_decode_counters(llm)
+        out = generate_ids(llm, prompts, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS))
+        assert out == target_only, f"{method} changed the target's greedy output"
+        found[method] = _tau(before, spec_decode_counters(llm))
+    return found
+
+
+def test_trained_drafter_accepts_and_tree_beats_chain(taus):
+    assert taus["dartree-pruned"] > 2.0, taus
+    assert taus["dartree-pruned"] > taus["dflash"], taus
