@@ -17,6 +17,16 @@ def project_root() -> Path:
     return here if (here / "pyproject.toml").exists() else Path.cwd()
 
 
+def shown_path(path: str | Path) -> str:
+    """``path`` as written into results: relative to the checkout (or, for the shared folder
+    beside it, ``../``) so reports do not carry one machine's absolute paths."""
+    resolved, root = Path(path).resolve(), project_root().resolve()
+    for base, prefix in ((root, ""), (root.parent, "../")):
+        if resolved.is_relative_to(base):
+            return prefix + str(resolved.relative_to(base))
+    return str(resolved)
+
+
 def cache_dir() -> Path:
     """The project's ignored cache folder; every cache (vLLM, HF, models) lives below it."""
     path = Path(os.environ.get("VLLM_DARTREE_CACHE", project_root() / ".cache"))

@@ -1,5 +1,7 @@
 """The harness end to end on the trained tiny pair (token-id prompts): AR and DARTree pruned,
-3 prompts x 24 tokens. Its acceptance lengths must agree with vLLM's own counters."""
+3 prompts x 24 tokens, in process and over an OpenAI server (concurrency 1). Its acceptance
+lengths must agree with vLLM's own counters: the in-process engine's and the server's
+``/metrics``."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def bench(engines, tmp_path_factory):
     config = BenchConfig(target=str(target), drafter=str(drafter),
                          methods=["ar", "dartree-pruned"], datasets=["random"], num_samples=3,
                          max_new_tokens=TOKENS, ignore_eos=True, out=out, kv_cache_mib=64,
-                         dtype="float32", progress=False, save_trees=4)
+                         dtype="float32", progress=False, save_trees=4, concurrency=[1])
     return run_benchmark(config), out
 
 
@@ -45,6 +47,18 @@ def test_acceptance_agrees_with_vllm_counters(bench):
     assert sum(lengths) - len(lengths) == counters["num_accepted_tokens"]
     assert metrics.tau_micro(runs) == pytest.approx(counters["tau_vllm"])
     assert metrics.tau_micro(runs) > 1.5  # a trained drafter: deep paths are accepted
+
+
+def test_acceptance_agrees_with_server_metrics(bench):
+    """Concurrency 1 sends the same 3 prompts one at a time to a server; at T = 0 its rounds are
+    the in-process rounds, so /metrics must give the harness's own acceptance length."""
+    results, _ = bench
+    runs = [r for r in results["runs"] if r["method"] == "dartree-pruned"]
+    served = next(r for r in results["concurrency"] if r["method"] == "dartree-pruned")
+    assert served["requests"] == len(runs) == 3
+    assert served["completion_tokens"] == 3 * TOKENS
+    assert served["tau_vllm"] == pytest.approx(metrics.tau_micro(runs))
+    assert next(r for r in results["concurrency"] if r["method"] == "ar")["speedup"] == 1.0
 
 
 def test_per_round_records(bench):

@@ -63,7 +63,16 @@ def _setup_line(meta: dict[str, Any]) -> str:
             f"B={tree.get('budget')}, K={tree.get('top_k')}, W={tree.get('width')}, "
             f"β={tree.get('depth_bonus')}; max_new_tokens={meta.get('max_new_tokens')}, "
             f"batch size {meta.get('batch_size')}, dtype {meta.get('dtype')}; "
-            f"samples per dataset: {meta.get('num_samples')}.")
+            f"samples per dataset: {meta.get('num_samples')}; {_machine(meta)}.")
+
+
+def _machine(meta: dict[str, Any]) -> str:
+    machine = meta.get("machine") or {}
+    device = machine.get("gpu") or "no GPU"
+    return (f"{machine.get('cpus', '?')} x {machine.get('cpu', '?')} CPUs, {device}, "
+            f"{machine.get('platform', '?')}, torch "
+            f"{machine.get('torch', '?')}, vLLM {machine.get('vllm', '?')}, wall "
+            f"{meta.get('wall_s', '?')} s")
 
 
 def _lossless_lines(results: dict[str, Any]) -> list[str]:

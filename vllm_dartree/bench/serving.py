@@ -10,7 +10,6 @@ tokens/s = completion tokens / wall time, speedup = method tokens/s / AR tokens/
 from __future__ import annotations
 
 import json
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from itertools import cycle, islice
@@ -18,7 +17,7 @@ from typing import Any
 
 from vllm_dartree.bench.datasets import Sample
 from vllm_dartree.bench.methods import speculative_config
-from vllm_dartree.testing.server import http_json, http_text, running_server
+from vllm_dartree.testing.server import http_json, http_text, metric_value, running_server
 
 SERVED_NAME = "bench"
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
@@ -46,12 +45,8 @@ def request_body(prompt: list[int], config: Any, index: int) -> dict[str, Any]:
 
 def spec_counters(base: str) -> dict[str, float]:
     text = http_text(base + "/metrics")
-    out = {}
-    for name in COUNTERS:
-        match = re.search(rf"^vllm:spec_decode_{name}_total(?:{{[^}}]*}})? ([0-9.e+]+)$",
-                          text, re.M)
-        out[name] = float(match.group(1)) if match else 0.0
-    return out
+    return {name: metric_value(text, f"vllm:spec_decode_{name}_total") or 0.0
+            for name in COUNTERS}
 
 
 def measure(base: str, prompts: list[list[int]], concurrency: int, config: Any) -> dict[str, Any]:
