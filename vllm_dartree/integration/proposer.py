@@ -189,8 +189,8 @@ class DARTreeProposer(DFlashProposer):
         scaled = logits.float() / torch.where(is_greedy, 1.0, temperature).unsqueeze(1)
         scaled = apply_top_k_top_p(scaled, expand(sampling.top_k), expand(sampling.top_p))
         starts = (torch.cumsum(counts + 1, 0) - counts - 1).tolist()
-        request_rows = {slice(starts[req], starts[req] + int(counts[req]) + 1): generator
-                        for req, generator in sampling.generators.items()}
+        request_rows = [(slice(starts[req], starts[req] + int(counts[req]) + 1), generator)
+                        for req, generator in sampling.generators.items()]
         sampled = race_sample(scaled.softmax(dim=-1), request_rows)
         return torch.where(is_greedy, greedy, sampled)
 

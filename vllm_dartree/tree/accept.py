@@ -7,7 +7,7 @@ of the drafter outputs: the emitted tokens are exactly what the target would sam
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -32,17 +32,18 @@ def sample_every_node(
     greedy = temperature < GREEDY_TEMPERATURE
     safe_temperature = torch.where(greedy, torch.ones_like(temperature), temperature)
     probs = torch.softmax(logits.float() / safe_temperature.float().view(-1, 1, 1), dim=-1)
-    sampled = race_sample(probs, generators or {})
+    sampled = race_sample(probs, (generators or {}).items())
     return torch.where(greedy.view(-1, 1), logits.argmax(dim=-1), sampled)
 
 
 def race_sample(probs: torch.Tensor,
-                generators: Mapping[int | slice, torch.Generator]) -> torch.Tensor:
+                generators: Iterable[tuple[int | slice, torch.Generator]] = ()) -> torch.Tensor:
     """probs [..., V] -> one index per row, drawn from probs: the exponential race
-    argmax(p / q), q ~ Exp(1). ``probs[key]`` draws its noise from ``generators[key]`` (a
-    request's own seed), every other row from the default RNG."""
+    argmax(p / q), q ~ Exp(1). For each ``(rows, generator)`` pair, ``probs[rows]`` draws its
+    noise from that generator (a request's own seed); every other row from the default RNG.
+    (Pairs, not a dict: slices are unhashable before Python 3.12.)"""
     noise = torch.empty_like(probs).exponential_()
-    for rows, generator in generators.items():
+    for rows, generator in generators:
         noise[rows].exponential_(generator=generator)
     return (probs / noise).argmax(dim=-1)
 
