@@ -25,11 +25,6 @@ NEW_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
-def model_dir():
-    return ensure_smollm2()
-
-
-@pytest.fixture(scope="module")
 def chat_prompts(model_dir):
     from vllm_dartree.training.data import encode_prompts
 

@@ -12,7 +12,6 @@ import json
 import pytest
 
 from vllm_dartree.env import project_root
-from vllm_dartree.models.smollm2 import ensure_smollm2
 
 pytestmark = pytest.mark.e2e
 
@@ -25,11 +24,6 @@ QUESTIONS = [
 ]
 NEW_TOKENS = 64
 ENGINE = {"dtype": "float32", "max_model_len": 1024, "max_num_seqs": 4}
-
-
-@pytest.fixture(scope="module")
-def model_dir():
-    return ensure_smollm2()
 
 
 @pytest.fixture(scope="module")

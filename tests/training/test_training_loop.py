@@ -53,6 +53,8 @@ def test_deterministic_and_resumable(target_dir, tmp_path):
     assert full.losses == again.losses
     half = train(tiny_config(target_dir, tmp_path / "c", stop_after=3))
     assert half.step == 3 and (tmp_path / "c" / CHECKPOINT).exists()
+    with pytest.raises(ValueError, match="steps: 6 in the checkpoint, 12 now"):
+        train(tiny_config(target_dir, tmp_path / "c", resume=True, steps=12))
     resumed = train(tiny_config(target_dir, tmp_path / "c", resume=True))
     assert resumed.step == 6 and resumed.losses[:3] == half.losses
     assert resumed.losses == full.losses

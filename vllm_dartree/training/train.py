@@ -190,11 +190,22 @@ def load_weights(model: DominoDrafter, weights: dict[str, torch.Tensor]) -> None
             own[name].copy_(tensor.to(own[name].dtype))
 
 
+# What a resumed run must share with the run that wrote the checkpoint: the schedule is a
+# function of these, so resuming under others would silently train a different recipe.
+SCHEDULE_FIELDS = ("steps", "lr", "min_lr_ratio", "warmup_steps", "schedule", "weight_decay",
+                   "grad_clip", "lambda0", "loss_gamma", "batch_size", "anchors_per_sequence",
+                   "seed", "freeze_backbone")
+
+
+def schedule_of(cfg: TrainConfig) -> dict:
+    return {name: getattr(cfg, name) for name in SCHEDULE_FIELDS}
+
+
 def save_checkpoint(path: Path, model: DominoDrafter, optimizer: torch.optim.Optimizer,
-                    step: int, losses: list[float]) -> None:
+                    step: int, losses: list[float], schedule: dict) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "arch": model.arch.as_dict(), "losses": losses}, tmp)
+                "arch": model.arch.as_dict(), "losses": losses, "schedule": schedule}, tmp)
     os.replace(tmp, path)  # never leave a half-written checkpoint behind
 
 
@@ -371,7 +382,7 @@ def train(cfg: TrainConfig, prompts: Sequence[Sequence[int]] | None = None) -> T
                                       weight_decay=cfg.weight_decay)
         start, losses = 0, []
         if cfg.resume and (out / CHECKPOINT).exists():
-            start, losses = resume_from(out / CHECKPOINT, model, optimizer)
+            start, losses = resume_from(out / CHECKPOINT, model, optimizer, schedule_of(cfg))
         end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
         bar = tqdm(range(start, end), desc="train drafter", disable=not cfg.progress,
                    initial=start, total=cfg.steps)
@@ -380,20 +391,28 @@ def train(cfg: TrainConfig, prompts: Sequence[Sequence[int]] | None = None) -> T
             losses.append(loss)
             bar.set_postfix({k: f"{v:.3f}" for k, v in stats.items()}, refresh=False)
             if cfg.save_every and (step + 1) % cfg.save_every == 0:
-                save_checkpoint(out / CHECKPOINT, model, optimizer, step + 1, losses)
+                save_checkpoint(out / CHECKPOINT, model, optimizer, step + 1, losses,
+                                schedule_of(cfg))
         final_step = max(start, end)
-        save_checkpoint(out / CHECKPOINT, model, optimizer, final_step, losses)
+        save_checkpoint(out / CHECKPOINT, model, optimizer, final_step, losses, schedule_of(cfg))
         drafter_dir = export_drafter(model, out / EXPORT, cfg.export_dtype)
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
     return TrainResult(drafter_dir, final_step, losses, time.perf_counter() - started)
 
 
-def resume_from(path: Path, model: DominoDrafter, optimizer: torch.optim.Optimizer
-                ) -> tuple[int, list[float]]:
+def resume_from(path: Path, model: DominoDrafter, optimizer: torch.optim.Optimizer,
+                schedule: dict) -> tuple[int, list[float]]:
     state = torch.load(path, weights_only=False)
     arch = state["arch"] | {"target_layer_ids": tuple(state["arch"]["target_layer_ids"])}
     if DrafterArch(**arch) != model.arch:
         raise ValueError(f"{path} was trained with a different drafter architecture")
+    saved = state.get("schedule", schedule)  # older checkpoints recorded none
+    changed = {k: (saved.get(k), v) for k, v in schedule.items() if saved.get(k) != v}
+    if changed:
+        shown = ", ".join(f"{k}: {old!r} in the checkpoint, {new!r} now"
+                          for k, (old, new) in changed.items())
+        raise ValueError(f"{path} was written under another schedule ({shown}); resume with "
+                         "the same settings, or train into a new output folder")
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     return int(state["step"]), list(state["losses"])
