@@ -12,9 +12,8 @@ import json
 import time
 from pathlib import Path
 
-from vllm_dartree.env import apply_process_defaults
+from vllm_dartree.env import apply_process_defaults, project_root
 
-SMOLLM2_DRAFTER = Path("benchmarks") / "drafters" / "smollm2-135m-domino"
 # Questions written for the demo (not from any benchmark or training set).
 SMOLLM2_CHATS = [
     "A baker makes 24 muffins and sells them in boxes of 4. Each box costs $6. "
@@ -29,10 +28,9 @@ TINY_CHATS = ["the dog runs fast", "a happy old cat sleeps"]
 def smollm2_pair() -> tuple[Path, Path, str]:
     """SmolLM2-135M-Instruct (converted offline by ``make models``) + the committed Domino
     drafter trained for it on this CPU (benchmarks/drafters/smollm2-135m-domino)."""
-    from vllm_dartree.env import project_root
-    from vllm_dartree.models.smollm2 import ensure_smollm2
+    from vllm_dartree.models.smollm2 import DRAFTER, ensure_smollm2
 
-    drafter = project_root() / SMOLLM2_DRAFTER
+    drafter = project_root() / DRAFTER
     if not (drafter / "config.json").exists():
         raise SystemExit(f"drafter not found at {drafter}; `--pair tiny` runs without it")
     return (ensure_smollm2(), drafter, "SmolLM2-135M-Instruct + DFlash/Domino drafter trained "

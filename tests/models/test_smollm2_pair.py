@@ -12,10 +12,11 @@ import json
 import pytest
 
 from vllm_dartree.env import project_root
+from vllm_dartree.models import smollm2
 
 pytestmark = pytest.mark.e2e
 
-DRAFTER = project_root() / "benchmarks" / "drafters" / "smollm2-135m-domino"
+DRAFTER = project_root() / smollm2.DRAFTER
 QUESTIONS = [
     "Tom has 3 apples and buys 4 more. How many apples does he have? Think step by step.",
     "Write a Python function that checks whether a number is prime.",

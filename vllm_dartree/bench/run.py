@@ -31,8 +31,8 @@ from vllm_dartree.bench.datasets import (
 )
 from vllm_dartree.bench.methods import METHODS, TreeParams, canonical
 from vllm_dartree.env import project_root, shown_path
+from vllm_dartree.models.smollm2 import DRAFTER as DEFAULT_DRAFTER
 
-DEFAULT_DRAFTER = Path("benchmarks") / "drafters" / "smollm2-135m-domino"
 DEFAULT_OUT = Path("benchmarks") / "results" / "latest"
 # Sized for the shared 2-core dev CPU (< 20 min for 6 methods x 7 datasets): verify steps on
 # CPU cost 0.3-1.7 s at 100-270-token contexts there (KV gather of the CPU tree attention).

