@@ -113,19 +113,20 @@ def benchmark_texts() -> list[str]:
 # ------------------------------------------------------------------------ the mixture
 @dataclass(frozen=True)
 class Mixture:
-    """How many training prompts to draw from each training split."""
+    """How many training prompts to draw from each training split (the SmolLM2 recipe's
+    ``RecipeConfig`` holds the defaults)."""
 
-    gsm8k: int = 800
-    math: int = 400
-    sharegpt: int = 500
-    code: int = 300  # ShareGPT programming requests
+    gsm8k: int
+    math: int
+    sharegpt: int
+    code: int  # ShareGPT programming requests
     seed: int = 0
 
     def total(self) -> int:
         return self.gsm8k + self.math + self.sharegpt + self.code
 
 
-def training_prompts(mix: Mixture = Mixture()) -> list[tuple[str, str]]:
+def training_prompts(mix: Mixture) -> list[tuple[str, str]]:
     """(source, text) pairs, shuffled (a partial run still sees the whole mixture).
 
     Raises :class:`~vllm_dartree.training.data.PromptOverlapError` when a benchmark test
