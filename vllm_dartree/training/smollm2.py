@@ -111,20 +111,22 @@ def mixture(cfg: RecipeConfig):
 def prompt_ids(cfg: RecipeConfig, model: Path) -> tuple[list[list[int]], list[str]]:
     """Chat-templated training prompts (cached in ``prompts.json``) and their sources."""
     from vllm_dartree.training.corpus import training_prompts
+    from vllm_dartree.training.train import setting_changes
 
     path = Path(cfg.out) / "prompts.json"
     mix = mixture(cfg)
-    key = {"mixture": asdict(mix), "max_prompt_tokens": cfg.max_prompt_tokens}
     if path.exists():
         cached = json.loads(path.read_text())
-        if {k: cached[k] for k in key} == key:
+        changes = setting_changes(
+            cached["mixture"] | {"max_prompt_tokens": cached["max_prompt_tokens"]},
+            asdict(mix) | {"max_prompt_tokens": cfg.max_prompt_tokens}, "there")
+        if not changes:
             return cached["ids"], cached["sources"]
         if any(responses_dir(cfg).glob("chunk_*.pt")):
             # Responses, features and checkpoints are cached by chunk index, so a new
             # prompt set would silently mix with the old run's.
-            raise ValueError(f"{cfg.out} holds a run on another prompt set "
-                             f"({prompt_set_changes(cached, key)}); pass a new --out or "
-                             "delete that folder")
+            raise ValueError(f"{cfg.out} holds a run on another prompt set ({changes}); "
+                             "pass a new --out or delete that folder")
     picked = training_prompts(mix)  # raises on benchmark overlap
     ids = encode_prompts(model, [text for _, text in picked])
     keep = [i for i, p in enumerate(ids) if len(p) <= cfg.max_prompt_tokens]
@@ -134,16 +136,6 @@ def prompt_ids(cfg: RecipeConfig, model: Path) -> tuple[list[list[int]], list[st
     path.write_text(json.dumps({"mixture": asdict(mix), "max_prompt_tokens":
                                 cfg.max_prompt_tokens, "ids": ids, "sources": sources}))
     return ids, sources
-
-
-def prompt_set_changes(cached: dict, now: dict) -> str:
-    """``"gsm8k: 280 there, 840 now, ..."`` for the settings that pick the prompts."""
-    def flat(record: dict) -> dict:
-        return record["mixture"] | {"max_prompt_tokens": record["max_prompt_tokens"]}
-
-    old, new = flat(cached), flat(now)
-    return ", ".join(f"{k}: {old.get(k)} there, {v} now" for k, v in new.items()
-                     if old.get(k) != v)
 
 
 def stage_data(cfg: RecipeConfig, model: Path) -> list[Path]:

@@ -400,6 +400,12 @@ def train(cfg: TrainConfig, prompts: Sequence[Sequence[int]] | None = None) -> T
     return TrainResult(drafter_dir, final_step, losses, time.perf_counter() - started)
 
 
+def setting_changes(saved: dict, now: dict, where: str) -> str:
+    """``"steps: 6 <where>, 12 now"`` for each setting that differs; empty when none does."""
+    return ", ".join(f"{k}: {saved.get(k)!r} {where}, {v!r} now" for k, v in now.items()
+                     if saved.get(k) != v)
+
+
 def resume_from(path: Path, model: DominoDrafter, optimizer: torch.optim.Optimizer,
                 schedule: dict) -> tuple[int, list[float]]:
     state = torch.load(path, weights_only=False)
@@ -407,10 +413,8 @@ def resume_from(path: Path, model: DominoDrafter, optimizer: torch.optim.Optimiz
     if DrafterArch(**arch) != model.arch:
         raise ValueError(f"{path} was trained with a different drafter architecture")
     saved = state.get("schedule", schedule)  # older checkpoints recorded none
-    changed = {k: (saved.get(k), v) for k, v in schedule.items() if saved.get(k) != v}
-    if changed:
-        shown = ", ".join(f"{k}: {old!r} in the checkpoint, {new!r} now"
-                          for k, (old, new) in changed.items())
+    shown = setting_changes(saved, schedule, "in the checkpoint")
+    if shown:
         raise ValueError(f"{path} was written under another schedule ({shown}); resume with "
                          "the same settings, or train into a new output folder")
     model.load_state_dict(state["model"])
