@@ -17,8 +17,10 @@ SMALL_RUN = ["--steps", "2", "--gru-hidden-dim", "8", "--emb-dim", "8", "--batch
 def test_arguments_map_to_the_config():
     args = build_parser().parse_args(
         ["--target", "t", "--out", "o", "--target-layer-ids", "1", "9", "--freeze-backbone",
-         "--init-from", "d", "--export-dtype", "bfloat16", "--resume", "--lr", "0.01"])
+         "--init-from", "d", "--export-dtype", "bfloat16", "--resume", "--lr", "0.01",
+         "--autocast", "bfloat16"])
     cfg = config_from_args(args)
+    assert cfg.autocast == "bfloat16"
     assert cfg.target_layer_ids == (1, 9) and cfg.freeze_backbone and cfg.resume
     assert cfg.init_from == "d" and cfg.export_dtype == "bfloat16" and cfg.lr == 0.01
 

@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export-dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--device", default="cpu", help="for the drafter and the target")
     p.add_argument("--target-dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--autocast", choices=sorted(DTYPES), default="float32",
+                   help="matmul precision of the drafter's forward/backward")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -100,7 +102,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         stop_at_eos=not args.ignore_eos, seed=args.seed, save_every=args.save_every,
         stop_after=args.stop_after, resume=args.resume, freeze_backbone=args.freeze_backbone, init_from=args.init_from,
         export_dtype=args.export_dtype, device=args.device,
-        target_dtype=args.target_dtype, threads=args.threads,
+        target_dtype=args.target_dtype, threads=args.threads, autocast=args.autocast,
         progress=not args.no_progress,
     )
 

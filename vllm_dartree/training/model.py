@@ -261,6 +261,7 @@ class DominoDrafter(nn.Module):
         # Not parameters and not in state_dict: the released drafters ship neither.
         self.register_buffer("embed", embed.detach().clone(), persistent=False)
         self.register_buffer("lm_head", lm_head.detach().clone(), persistent=False)
+        self._cast_lm_head: torch.Tensor | None = None  # see output_table
 
     # ------------------------------------------------------------------ initialisation
     @torch.no_grad()
@@ -343,14 +344,29 @@ class DominoDrafter(nn.Module):
         states, _ = self.prefix_gru(self.embed[prev])
         return states.view(n, num_anchors, bs, -1)
 
-    def head_bias(self, hidden: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary bias [N, A, bs, V]; zero on the pure-draft prefix slots."""
-        bias = self.embed_proj(torch.cat([hidden, states], dim=-1))
+    def output_table(self, device_type: str) -> torch.Tensor:
+        """The frozen lm_head, cast once to the autocast dtype (not on every call)."""
+        if not torch.is_autocast_enabled(device_type):
+            return self.lm_head
+        dtype = torch.get_autocast_dtype(device_type)
+        cached = self._cast_lm_head
+        if cached is None or cached.dtype != dtype or cached.device != self.lm_head.device:
+            self._cast_lm_head = self.lm_head.to(dtype)
+        return self._cast_lm_head
+
+    def head_input(self, hidden: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """[N, A, bs, E] input of ``embed_proj.2`` (bias-free, so a zero row is a zero bias);
+        zero on the pure-draft prefix slots."""
+        u = self.embed_proj[1](self.embed_proj[0](torch.cat([hidden, states], dim=-1)))
         prefix = self.arch.pure_draft_prefix_len
         if prefix:
-            keep = torch.arange(bias.shape[2], device=bias.device) >= prefix
-            bias = bias * keep.view(1, 1, -1, 1).to(bias.dtype)
-        return bias
+            keep = torch.arange(u.shape[2], device=u.device) >= prefix
+            u = u * keep.view(1, 1, -1, 1).to(u.dtype)
+        return u
+
+    def head_bias(self, hidden: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary bias [N, A, bs, V]; zero on the pure-draft prefix slots."""
+        return self.embed_proj[2](self.head_input(hidden, states))
 
     def forward(
         self,
@@ -361,7 +377,7 @@ class DominoDrafter(nn.Module):
     ) -> DrafterOutput:
         """features [N, T, F], tokens [N, T], anchors [N, A] (each p in 1 .. T-1)."""
         hidden = self.backbone(features, tokens, anchors)
-        base = hidden @ self.lm_head.T
+        base = hidden @ self.output_table(hidden.device.type).T
         corrected = None
         if with_head:
             corrected = base + self.head_bias(hidden, self.prefix_states(tokens, anchors))

@@ -76,6 +76,7 @@ class RecipeConfig:
     save_every: int = 50
     seed: int = 0
     threads: int = 2
+    autocast: str = "float32"  # drafter matmuls; "bfloat16" needs native bf16 (1.3x here)
     max_minutes: float | None = None  # stop (with a checkpoint) after this much training
 
 
@@ -273,7 +274,7 @@ def train_config(cfg: RecipeConfig, model: Path):
         warmup_steps=cfg.warmup_steps, lambda0=cfg.lambda0, loss_gamma=cfg.loss_gamma,
         batch_size=cfg.batch_size, anchors_per_sequence=cfg.anchors_per_sequence,
         seed=cfg.seed, save_every=cfg.save_every, export_dtype="bfloat16",
-        threads=cfg.threads,
+        threads=cfg.threads, autocast=cfg.autocast,
     )
 
 
@@ -373,7 +374,9 @@ def run(cfg: RecipeConfig, stages: Sequence[str] = STAGES[:3],
         export_to: str | None = None) -> Path | None:
     from vllm_dartree.models.smollm2 import ensure_smollm2
     from vllm_dartree.testing.engine import prepare_process
+    from vllm_dartree.training.train import check_autocast
 
+    check_autocast(cfg.autocast, "cpu")  # before 40 minutes of data stages, not after
     prepare_process()  # before vLLM is imported
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cfg.threads)

@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from vllm_dartree.training.data import (
@@ -32,6 +31,7 @@ from vllm_dartree.training.data import (
     target_config,
     target_features,
 )
+from vllm_dartree.training.loss import fused_drafter_loss, slot_weights
 from vllm_dartree.training.model import (
     IGNORE_INDEX,
     DominoDrafter,
@@ -84,6 +84,9 @@ class TrainConfig:
     init_from: str | None = None
     export_dtype: str = "float32"
     device: str = "cpu"  # drafter and target
+    # matmul precision of the drafter's forward and backward (weights, optimizer and the
+    # cross-entropy stay float32); "bfloat16" needs a GPU or a CPU with native bf16
+    autocast: str = "float32"
     target_dtype: str = "float32"  # the target's weights (features are float32 either way)
     threads: int | None = None
     progress: bool = True
@@ -194,7 +197,7 @@ def load_weights(model: DominoDrafter, weights: dict[str, torch.Tensor]) -> None
 # function of these, so resuming under others would silently train a different recipe.
 SCHEDULE_FIELDS = ("steps", "lr", "min_lr_ratio", "warmup_steps", "schedule", "weight_decay",
                    "grad_clip", "lambda0", "loss_gamma", "batch_size", "anchors_per_sequence",
-                   "seed", "freeze_backbone")
+                   "seed", "freeze_backbone", "autocast")
 
 
 def schedule_of(cfg: TrainConfig) -> dict:
@@ -226,31 +229,15 @@ def lambda_at(cfg: TrainConfig, step: int) -> float:
 
 
 # ------------------------------------------------------------------------------- loss
-def masked_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Weighted mean CE over labelled slots: logits [..., bs, V], labels/weights [..., bs]."""
-    ce = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(),
-                         ignore_index=IGNORE_INDEX, reduction="none").view(labels.shape)
-    weights = weights * (labels != IGNORE_INDEX)
-    return (ce * weights).sum() / weights.sum().clamp(min=1e-9)
-
-
-def slot_weights(block_size: int, gamma: float | None, device) -> torch.Tensor:
-    slots = torch.arange(block_size, device=device, dtype=torch.float32)
-    return torch.ones_like(slots) if gamma is None else torch.exp(-slots / gamma)
-
-
-def drafter_loss(out: DrafterOutput, labels: torch.Tensor, lam: float,
-                 gamma: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """(1 - lam) CE(corrected) + lam CE(base); also top-1 accuracies for the progress bar."""
-    weights = slot_weights(labels.shape[-1], gamma, labels.device).expand(labels.shape)
-    base = masked_ce(out.base_logits, labels, weights)
-    if out.corrected_logits is None:
-        return base, {"ce_base": base.item()}
-    corrected = masked_ce(out.corrected_logits, labels, weights)
-    loss = (1 - lam) * corrected + lam * base
-    valid = labels != IGNORE_INDEX
-    acc = (out.corrected_logits.argmax(-1) == labels)[valid].float().mean().item()
-    return loss, {"ce": corrected.item(), "ce_base": base.item(), "acc": acc}
+def fused_step_loss(model: DominoDrafter, features: torch.Tensor, tokens: torch.Tensor,
+                    anchors: torch.Tensor, labels: torch.Tensor, lam: float,
+                    gamma: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """``drafter_loss(model(...), ...)`` without materialising the logits (see loss.py)."""
+    hidden = model.backbone(features, tokens, anchors)
+    head_in = model.head_input(hidden, model.prefix_states(tokens, anchors))
+    return fused_drafter_loss(
+        hidden, head_in, model.output_table(hidden.device.type), model.embed_proj[2].weight,
+        labels, slot_weights(labels.shape[-1], gamma, labels.device), lam)
 
 
 # ------------------------------------------------------------------------------- data
@@ -369,6 +356,7 @@ def train(cfg: TrainConfig, prompts: Sequence[Sequence[int]] | None = None) -> T
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
+    check_autocast(cfg.autocast, cfg.device)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     with torch_threads(cfg.threads):
@@ -422,14 +410,27 @@ def resume_from(path: Path, model: DominoDrafter, optimizer: torch.optim.Optimiz
     return int(state["step"]), list(state["losses"])
 
 
+def check_autocast(autocast: str, device: str) -> None:
+    """Refuse a matmul precision this machine lacks, before any model loads."""
+    if autocast not in DTYPES:
+        raise ValueError(f"autocast={autocast!r}: allowed {sorted(DTYPES)}")
+    if (autocast == "bfloat16" and torch.device(device).type == "cpu"
+            and not torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        # emulated bf16 matmuls run ~100x slower than float32 on such CPUs
+        raise ValueError("autocast='bfloat16' needs a CPU with native bf16 (AVX512-BF16 or "
+                         "AMX); this one has none: use autocast='float32'")
+
+
 def train_step(cfg: TrainConfig, model: DominoDrafter, optimizer: torch.optim.Optimizer,
                batches: Batches, step: int) -> tuple[float, dict[str, float]]:
     features, tokens, anchors, labels = (t.to(cfg.device) for t in batches.get(step))
     for group in optimizer.param_groups:
         group["lr"] = lr_at(cfg, step)
     model.train()
-    out = model(features, tokens, anchors)
-    loss, stats = drafter_loss(out, labels, lambda_at(cfg, step), cfg.loss_gamma)
+    with torch.autocast(torch.device(cfg.device).type, dtype=DTYPES[cfg.autocast],
+                        enabled=cfg.autocast != "float32"):
+        loss, stats = fused_step_loss(model, features, tokens, anchors, labels,
+                                      lambda_at(cfg, step), cfg.loss_gamma)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(
