@@ -53,8 +53,6 @@ def drafter_loss(out: DrafterOutput, labels: torch.Tensor, lam: float,
 
 
 # ------------------------------------------------------------------------------ fused
-
-
 def _ce_and_grad(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-row CE; ``logits`` becomes softmax(logits) - onehot(labels) (its gradient) in place."""
     rows = torch.arange(len(labels), device=labels.device)
