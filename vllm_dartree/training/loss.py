@@ -110,15 +110,15 @@ def fused_drafter_loss(
     lm_head: torch.Tensor,
     proj: torch.Tensor,
     labels: torch.Tensor,
-    slot_weights: torch.Tensor,
+    weight_per_slot: torch.Tensor,
     lam: float,
     chunk: int = CHUNK_ROWS,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """hidden [..., bs, H], head_in [..., bs, E], labels [..., bs], slot_weights [bs];
+    """hidden [..., bs, H], head_in [..., bs, E], labels [..., bs], weight_per_slot [bs];
     lm_head [V, H] (frozen; its dtype is the matmul dtype), proj [V, E]. Returns the loss and
     the progress-bar stats of ``drafter_loss`` (ce, ce_base, acc)."""
     valid = labels != IGNORE_INDEX
-    weights = (slot_weights.expand(labels.shape) * valid).flatten().float()
+    weights = (weight_per_slot.expand(labels.shape) * valid).flatten().float()
     norm = weights.sum().clamp(min=1e-9)
     loss, sums = _FusedBlockCE.apply(
         hidden.flatten(0, -2), head_in.flatten(0, -2), lm_head, proj, labels.flatten(),
