@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from vllm.utils.torch_utils import is_quantized_kv_cache
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
 from vllm.v1.attention.backends.triton_attn import (
     TritonAttentionBackend,
     TritonAttentionImpl,
     TritonAttentionMetadataBuilder,
 )
+from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
 from csrc_triton.kv_compaction import copy_kv_slots
 from csrc_triton.tree_attention import tree_attention

