@@ -13,7 +13,7 @@ import json
 import time
 from pathlib import Path
 
-from vllm_dartree.testing.engine import prepare_process
+from vllm_dartree.harness.engine import prepare_process
 
 VARIANTS = {
     "DARTree pruned": {},
@@ -29,14 +29,14 @@ def main() -> None:
     prepare_process()
     from vllm import SamplingParams
 
-    from vllm_dartree.testing.engine import (
+    from vllm_dartree.harness.engine import (
         build_llm,
         generate_ids,
         shutdown_llm,
         spec_decode_counters,
     )
-    from vllm_dartree.testing.tiny_models import random_prompts
-    from vllm_dartree.testing.trained_pair import trained_tiny_pair
+    from vllm_dartree.models.tiny import random_prompts
+    from vllm_dartree.models.tiny_pair import trained_tiny_pair
 
     target, drafter = trained_tiny_pair()
     vocab = json.loads((target / "config.json").read_text())["vocab_size"]

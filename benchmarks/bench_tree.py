@@ -48,7 +48,7 @@ import torch  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from csrc_triton.topb import top_b_torch, top_b_triton  # noqa: E402
+from vllm_dartree.kernels.topb import top_b_torch, top_b_triton  # noqa: E402
 from vllm_dartree.tree import DominoHead, build_tree  # noqa: E402
 
 VOCAB, HIDDEN, STATE, PROJ = 151936, 4096, 1024, 256

@@ -1,19 +1,33 @@
 """GPU check of the DARTree Triton kernels: correctness against the torch twins, then timings
 at Qwen3-8B shapes. Written for one H200, under 8 minutes; needs only torch and triton (it
-imports ``csrc_triton`` and ``vllm_dartree.tree``, never vLLM).
+imports ``vllm_dartree.kernels`` and ``vllm_dartree.tree``, never vLLM).
 
-Checks (kernel vs twin, on the GPU): top-B selection, score_select (one DARTree depth step),
-tree attention over a paged KV cache (fp32 and bf16, GQA 1 and 4, head 64 and 128, split
-and unsplit prefix, padded trees), KV compaction (72 caches in one launch, overlapping
-pairs). Exit status 1 when any check fails.
+Checks (on the GPU; exit status 1 when any fails):
+  top_b              top-B selection, kernel vs twin (exact, with ties).
+  tree_attention     tree attention over a paged KV cache, kernel vs twin (fp32 and bf16, GQA
+                     1 and 4, head 64 and 128, split and unsplit prefix, padded trees; rows
+                     the kernel must not write keep a sentinel), every case on two cache
+                     layouts: contiguous K and V caches, and the K / V views of one vLLM
+                     Triton-backend page ``[blocks, kv_heads, block_size, 2 * head]`` that
+                     production passes (``page_views``).
+  compaction         KV compaction, kernel vs twin, on 72 contiguous caches (K and V of 36
+                     layers) and on 36 page views ``[blocks, block_size, kv_heads, 2 * head]``
+                     (``compaction_view``), overlapping pairs, bf16 and fp32: the moved
+                     slots hold their sources, every other slot and a guard band around
+                     each cache are unchanged.
+  correction_graphs  trees of chain, fixed and pruned built with ``CorrectionGraphs`` (CUDA
+                     graphs; the padded eager path on CPU) equal trees built without
+                     (tokens, parents, depths, valid, num_nodes) for request counts in
+                     different padded buckets, K, W and B as in the timings; on CUDA graphs
+                     must have been captured.
 
 Timings (median of many runs, CUDA events): tree build per step for every
 ``vllm_dartree.tree.build_tree`` variant (drafter hidden 4096, GRU 1024, E 256, K 64, W 12,
 B 64, 16 depths, vocabulary 151936, fp32 head with the input-gate table; chain, fixed and
-pruned also with the head's per-depth calls replayed from CUDA graphs), score_select vs
-its twin, top-B vs its twin, tree attention for 1 + 64 rows over 1k/8k/32k context (32 query
-heads, 8 kv heads, head 128, bf16, block 16; KV split sweep) vs the twin, compaction of 36
-layers (K and V caches) vs the twin.
+pruned also with the head's per-depth calls replayed from CUDA graphs), top-B vs its twin,
+tree attention for 1 + 64 rows over 1k/8k/32k context (32 query heads, 8 kv heads, head
+128, bf16, block 16, contiguous caches; KV split sweep) vs the twin, compaction of 36 layers
+(K and V caches) vs the twin.
 
 Modes:
   --dry-run       CPU, Triton interpreter, tiny shapes: proves the script runs (tests use it).
@@ -51,15 +65,19 @@ import torch  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from csrc_triton import kv_compaction as kv  # noqa: E402
-from csrc_triton import score_select as ss  # noqa: E402
-from csrc_triton import topb  # noqa: E402
-from csrc_triton import tree_attention as ta  # noqa: E402
+
+from vllm_dartree.kernels import kv_compaction as kv  # noqa: E402
+from vllm_dartree.kernels import launch, topb  # noqa: E402
+from vllm_dartree.kernels import tree_attention as ta  # noqa: E402
 from vllm_dartree.tree import DominoHead, build_tree, packed_ancestor_mask  # noqa: E402
-from vllm_dartree.tree.graphs import CorrectionGraphs  # noqa: E402
-from vllm_dartree.tree.types import padded_tree  # noqa: E402
+from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size  # noqa: E402
+from vllm_dartree.tree.types import DraftTree, padded_tree  # noqa: E402
 
 VARIANTS = ("chain", "ddtree", "fixed", "pruned", "sequential")
+GRAPH_VARIANTS = ("chain", "fixed", "pruned")  # the ones whose head calls CorrectionGraphs runs
+TREE_FIELDS = ("tokens", "parents", "depths", "valid", "num_nodes")
+LAYOUTS = ("contiguous", "page")  # KV caches as separate tensors, or views of a vLLM page
+GUARD = 1024  # canary elements on each side of a compaction cache's storage
 H100_SMEM_LIMIT = 232448  # bytes of shared memory one CTA may use on sm_90
 
 
@@ -86,13 +104,17 @@ class Config:
     repeats: int = 50
     build_repeats: int = 20
     sequential_repeats: int = 3
+    # Request counts of the graphs check, in buckets 1, 4, 4, 8: 4 then 3 replays the bucket-4
+    # graphs with a padding row that last held a real request.
+    graph_requests: tuple[int, ...] = (1, 4, 3, 8)
 
 
 FULL = Config(device="cuda")
+# kv_heads 2: a page view then really swaps its head and slot axes.
 DRY = Config(device="cpu", vocab=400, hidden=32, state=16, proj=16, depths=4, top_k=8,
-             width=3, budget=8, heads=4, kv_heads=1, head_size=64, contexts=(40,),
+             width=3, budget=8, heads=4, kv_heads=2, head_size=64, contexts=(40,),
              split_sweep=(1, 2), layers=2, cache_blocks=8, moved_pairs=6, repeats=2,
-             build_repeats=2, sequential_repeats=1)
+             build_repeats=2, sequential_repeats=1, graph_requests=(1, 4, 3))
 
 
 # ---------------------------------------------------------------------------------- timing
@@ -139,8 +161,37 @@ def random_bits(gen: torch.Generator, num_requests: int, budget: int, drafts: li
     return packed_ancestor_mask(tree)
 
 
+def page_views(page: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key and value caches ``[num_blocks, block_size, kv_heads, head_size]`` of a layer page
+    ``[num_blocks, kv_heads, block_size, 2 * head_size]``: the non-contiguous views production
+    passes to tree attention (vllm_dartree/integration/gpu_attention.py split_kv_cache)."""
+    key_cache, value_cache = page.transpose(1, 2).split(head_size, dim=-1)
+    return key_cache, value_cache
+
+
+def compaction_view(page: torch.Tensor) -> torch.Tensor:
+    """``[num_blocks, block_size, kv_heads, 2 * head_size]`` view of a layer page, a slot's
+    keys and values together: what production compacts, one cache per layer
+    (vllm_dartree/integration/gpu_attention.py compact_kv_caches)."""
+    return page.transpose(1, 2)
+
+
+def attention_caches(gen: torch.Generator, device: str, dtype: torch.dtype, layout: str,
+                     num_blocks: int, block_size: int, kv_heads: int, head_size: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random key and value caches ``[num_blocks, block_size, kv_heads, head_size]``: two
+    contiguous tensors, or the ``page_views`` of one contiguous page (made on the device in
+    ``dtype`` first: ``.to`` would make a copy of a view contiguous)."""
+    if layout == "page":
+        page = torch.randn(num_blocks, kv_heads, block_size, 2 * head_size, generator=gen)
+        return page_views(page.to(device, dtype), head_size)
+    shape = (num_blocks, block_size, kv_heads, head_size)
+    return (torch.randn(shape, generator=gen).to(device, dtype),
+            torch.randn(shape, generator=gen).to(device, dtype))
+
+
 def attention_case(gen, device, *, heads, kv_heads, head_size, block_size, budget, bases,
-                   drafts, dtype) -> dict:
+                   drafts, dtype, layout="contiguous") -> dict:
     """Inputs of tree attention: shuffled block tables, a verify segment per request."""
     num_requests = len(bases)
     lengths = [b + 1 + d for b, d in zip(bases, drafts)]
@@ -153,17 +204,16 @@ def attention_case(gen, device, *, heads, kv_heads, head_size, block_size, budge
         table[r, :count] = perm[start : start + count]
         start += count
     size = 1 + budget
-    shape = (num_blocks, block_size, kv_heads, head_size)
     root = torch.tensor([2 + r * (size + 2) for r in range(num_requests)])
     tensors = dict(
         query=torch.randn(int(root[-1]) + size + 2, heads, head_size, generator=gen),
-        key_cache=torch.randn(shape, generator=gen), value_cache=torch.randn(shape, generator=gen),
         block_table=table, base=torch.tensor(bases), ancestor_bits=random_bits(
             gen, num_requests, budget, drafts),
         num_rows=1 + torch.tensor(drafts), root_row=root)
     case = {k: v.to(device) for k, v in tensors.items()}
-    for name in ("query", "key_cache", "value_cache"):
-        case[name] = case[name].to(dtype)
+    case["query"] = case["query"].to(dtype)
+    case["key_cache"], case["value_cache"] = attention_caches(
+        gen, device, dtype, layout, num_blocks, block_size, kv_heads, head_size)
     case["scale"] = head_size**-0.5
     return case
 
@@ -230,56 +280,9 @@ def check_top_b(cfg: Config, gen: torch.Generator) -> dict:
     return {"ok": not failures, "cases": len(shapes) * 2, "failures": failures}
 
 
-def selection_report(kernel: tuple, case: tuple) -> dict:
-    """Exact match flag, and validity up to near-ties: every chosen pair's twin score equals
-    the reported score and the reported scores equal the twin's top-Q scores (1e-4)."""
-    parent, cand, score = kernel
-    twin_parent, twin_cand, twin_score = ss.score_select_torch(*case)
-    exact = torch.equal(parent, twin_parent) and torch.equal(cand, twin_cand)
-    parent_scores, base = case[0], case[1]
-    top_k = base.shape[1]
-    every = ss.score_select_torch(*case[:2], parent_scores.shape[1] * top_k, *case[3:])
-    full = torch.empty(base.shape[0], parent_scores.shape[1] * top_k, device=base.device)
-    full.scatter_(1, every[0] * top_k + every[1], every[2])
-    flat = parent * top_k + cand
-    chosen_err = (full.gather(1, flat) - score).abs().max().item() if flat.numel() else 0.0
-    score_err = (score - twin_score).abs().max().item() if flat.numel() else 0.0
-    unique = all(len(set(row)) == len(row) for row in flat.tolist())
-    valid = chosen_err < 1e-4 and score_err < 1e-4 and unique
-    return {"ok": valid, "exact": exact, "score_err": score_err}
-
-
-def score_select_cases(cfg: Config, gen: torch.Generator) -> list[tuple[str, tuple]]:
-    def case(r, w, k, e, q, bias=True, dtype=torch.float32):
-        tensors = [-3 * torch.rand(r, w, generator=gen), 3 * torch.randn(r, k, generator=gen)]
-        extra = [torch.randn(r, e, generator=gen), torch.randn(r, w, e, generator=gen),
-                 torch.randn(r, k, e, generator=gen) / e**0.5] if bias else []
-        dev = [t.to(cfg.device) for t in tensors]
-        extra = [t.to(cfg.device, dtype) for t in extra]
-        return (*dev, q, *(extra or [None, None, None]))
-
-    k, w, e = cfg.top_k, cfg.width, cfg.proj
-    ties = case(2, 4, 16, 16, 40)
-    ties = (ties[0][:, :1].expand(2, 4).contiguous(), ties[1].round(), 40, ties[3], ties[4],
-            torch.zeros_like(ties[5]))
-    return [("dartree", case(8, w, k, e, w)), ("depth1", case(4, 1, k, e, w)),
-            ("uncorrected", case(4, w, k, e, w, bias=False)), ("all_pairs", case(2, 3, 8, 16, 24)),
-            ("bf16_head", case(4, w, k, e, w, dtype=torch.bfloat16)), ("ties", ties)]
-
-
-def check_score_select(cfg: Config, gen: torch.Generator) -> dict:
-    report = {}
-    for name, case in score_select_cases(cfg, gen):
-        kernel = ss.score_select_triton(*case)
-        upcast = tuple(t.float() if isinstance(t, torch.Tensor) else t for t in case)
-        report[name] = selection_report(kernel, upcast)
-    report["ok"] = all(r["ok"] for r in report.values()) and report["ties"]["exact"]
-    return report
-
-
 def attention_check_specs(cfg: Config) -> list[dict]:
     if cfg.device != "cuda":
-        return [dict(heads=4, kv_heads=1, head_size=64, block_size=16, budget=8,
+        return [dict(heads=4, kv_heads=2, head_size=64, block_size=16, budget=8,
                      bases=[30, 5], drafts=[8, 4], dtype=torch.float32, splits=(1, 2))]
     qwen = dict(heads=32, kv_heads=8, head_size=128, block_size=16, budget=64)
     return [
@@ -295,96 +298,163 @@ def attention_check_specs(cfg: Config) -> list[dict]:
 
 
 def check_tree_attention(cfg: Config, gen: torch.Generator) -> dict:
+    """Every spec on both cache layouts (``LAYOUTS``), every split count of the spec."""
     results = []
     for spec in attention_check_specs(cfg):
         spec = dict(spec)
         splits = spec.pop("splits")
-        case = attention_case(gen, cfg.device, **spec)
-        sentinel = torch.full_like(case["query"], 7.0)
-        twin = attention_twin(case, out=sentinel.clone())
-        tolerance = 1e-4 if spec["dtype"] == torch.float32 else 3e-2
-        for num_splits in splits:
-            out = ta.tree_attention_triton(*attn_args(case), out=sentinel.clone(),
-                                           num_splits=num_splits)
-            untouched = torch.equal(out == 7.0, twin == 7.0)
-            err = (out.float() - twin.float()).abs().max().item()
-            results.append({"heads": spec["heads"], "kv_heads": spec["kv_heads"],
-                            "head_size": spec["head_size"], "budget": spec["budget"],
-                            "dtype": str(spec["dtype"]), "num_splits": num_splits,
-                            "max_abs_err": err, "padding_untouched": untouched,
-                            "ok": err < tolerance and untouched})
+        for layout in LAYOUTS:
+            case = attention_case(gen, cfg.device, **spec, layout=layout)
+            results += [dict(row, layout=layout)
+                        for row in attention_case_results(case, spec, splits)]
     return {"ok": all(r["ok"] for r in results), "cases": results}
+
+
+def attention_case_results(case: dict, spec: dict, splits: tuple[int, ...]) -> list[dict]:
+    """Kernel vs twin for each split count; rows not scheduled must keep the sentinel."""
+    sentinel = torch.full_like(case["query"], 7.0)
+    twin = attention_twin(case, out=sentinel.clone())
+    tolerance = 1e-4 if spec["dtype"] == torch.float32 else 3e-2
+    results = []
+    for num_splits in splits:
+        out = ta.tree_attention_triton(*attn_args(case), out=sentinel.clone(),
+                                       num_splits=num_splits)
+        untouched = torch.equal(out == 7.0, twin == 7.0)
+        err = (out.float() - twin.float()).abs().max().item()
+        results.append({"heads": spec["heads"], "kv_heads": spec["kv_heads"],
+                        "head_size": spec["head_size"], "budget": spec["budget"],
+                        "dtype": str(spec["dtype"]), "num_splits": num_splits,
+                        "max_abs_err": err, "padding_untouched": untouched,
+                        "ok": err < tolerance and untouched})
+    return results
 
 
 def check_compaction(cfg: Config, gen: torch.Generator) -> dict:
-    results = []
     blocks = min(cfg.cache_blocks, 64)  # random contents for 72 caches: keep them small
-    for dtype in (torch.bfloat16, torch.float32):
-        shape = (blocks, cfg.block_size, cfg.kv_heads, cfg.head_size)
-        caches = [torch.randn(shape, generator=gen).to(cfg.device, dtype)
-                  for _ in range(2 * cfg.layers)]
-        src, dst = overlapping_pairs(gen, blocks * cfg.block_size, cfg.moved_pairs)
-        src, dst = src.to(cfg.device), dst.to(cfg.device)
-        expected = [c.clone() for c in caches]
-        kv.copy_kv_slots_torch(expected, src, dst)
-        kv.copy_kv_slots_triton(caches, src, dst)
-        equal = all(torch.equal(a, b) for a, b in zip(caches, expected))
-        results.append({"dtype": str(dtype), "caches": len(caches), "pairs": int(src.numel()),
-                        "ok": equal})
+    results = [compaction_case(cfg, gen, blocks, dtype, layout)
+               for dtype in (torch.bfloat16, torch.float32) for layout in LAYOUTS]
     return {"ok": all(r["ok"] for r in results), "cases": results}
+
+
+def compaction_buffers(cfg: Config, gen: torch.Generator, blocks: int, dtype: torch.dtype,
+                       layout: str) -> list[torch.Tensor]:
+    """Random flat storage of the caches (contiguous: K and V of every layer; page: one page
+    per layer), each with GUARD canary elements on both sides to catch stray writes."""
+    count = 2 * cfg.layers if layout == "contiguous" else cfg.layers
+    numel = blocks * cfg.block_size * cfg.kv_heads * cfg.head_size * (1 + (layout == "page"))
+    return [torch.randn(numel + 2 * GUARD, generator=gen).to(cfg.device, dtype)
+            for _ in range(count)]
+
+
+def compaction_caches(cfg: Config, blocks: int, buffers: list[torch.Tensor], layout: str
+                      ) -> list[torch.Tensor]:
+    """The caches ``copy_kv_slots`` gets, carved out of ``buffers`` (between the guards)."""
+    if layout == "page":
+        shape = (blocks, cfg.kv_heads, cfg.block_size, 2 * cfg.head_size)
+        return [compaction_view(b[GUARD:-GUARD].view(shape)) for b in buffers]
+    shape = (blocks, cfg.block_size, cfg.kv_heads, cfg.head_size)
+    return [b[GUARD:-GUARD].view(shape) for b in buffers]
+
+
+def compaction_case(cfg: Config, gen: torch.Generator, blocks: int, dtype: torch.dtype,
+                    layout: str) -> dict:
+    """Kernel vs twin on one group of caches, and vs the original contents: each moved slot
+    holds its source's old values; every other slot and the guards are bit-for-bit unchanged."""
+    buffers = compaction_buffers(cfg, gen, blocks, dtype, layout)
+    before, twin = [b.clone() for b in buffers], [b.clone() for b in buffers]
+    src, dst = overlapping_pairs(gen, blocks * cfg.block_size, cfg.moved_pairs)
+    src, dst = src.to(cfg.device), dst.to(cfg.device)
+    caches = compaction_caches(cfg, blocks, buffers, layout)
+    kv.copy_kv_slots_triton(caches, src, dst)
+    kv.copy_kv_slots_torch(compaction_caches(cfg, blocks, twin, layout), src, dst)
+    written = torch.zeros_like(buffers[0], dtype=torch.bool)  # same for every cache
+    size = cfg.block_size
+    compaction_caches(cfg, blocks, [written], layout)[0][dst // size, dst % size] = True
+    moved = all(torch.equal(c[dst // size, dst % size], old[src // size, src % size])
+                for c, old in zip(caches, compaction_caches(cfg, blocks, before, layout)))
+    untouched = all(torch.equal(b[~written], old[~written]) for b, old in zip(buffers, before))
+    same_as_twin = all(torch.equal(b, t) for b, t in zip(buffers, twin))
+    return {"dtype": str(dtype), "layout": layout, "caches": len(caches),
+            "pairs": int(src.numel()), "moved": moved, "untouched": untouched,
+            "same_as_twin": same_as_twin, "ok": moved and untouched and same_as_twin}
+
+
+def tree_inputs(cfg: Config, gen: torch.Generator, num_requests: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drafter base logits [R, D, V], hidden states [R, D, H] and root tokens [R]."""
+    base = (3 * torch.randn(num_requests, cfg.depths, cfg.vocab, generator=gen)).to(cfg.device)
+    hidden = torch.randn(num_requests, cfg.depths, cfg.hidden, generator=gen).to(cfg.device)
+    root = torch.randint(0, cfg.vocab, (num_requests,), generator=gen).to(cfg.device)
+    return base, hidden, root
+
+
+def build(cfg: Config, variant: str, head: DominoHead, inputs: tuple,
+          graphs: CorrectionGraphs | None = None) -> DraftTree:
+    """``build_tree`` with the tree settings of every check and timing (K, W, B of cfg)."""
+    return build_tree(variant, *inputs, None if variant == "ddtree" else head,
+                      budget=cfg.budget, top_k=cfg.top_k, width=cfg.width, depth_bonus=-0.2,
+                      graphs=graphs)
+
+
+def graphs_row(cfg: Config, variant: str, head: DominoHead, inputs: tuple,
+               graphs: CorrectionGraphs) -> dict:
+    """One build without and one with ``graphs``: which tree fields differ (scores may
+    differ in the last bit, BLAS sums padded batches in another order; trees may not)."""
+    with torch.inference_mode():
+        eager, graphed = build(cfg, variant, head, inputs), build(cfg, variant, head, inputs,
+                                                                   graphs)
+    mismatched = [name for name in TREE_FIELDS
+                  if not torch.equal(getattr(eager, name), getattr(graphed, name))]
+    both = eager.valid & graphed.valid  # padding nodes score -inf
+    score_diff = (eager.scores - graphed.scores)[both].abs().max().item() if both.any() else 0.0
+    return {"variant": variant, "requests": int(inputs[2].numel()), "mismatched": mismatched,
+            "max_score_diff": score_diff, "ok": not mismatched}
+
+
+def check_correction_graphs(cfg: Config, gen: torch.Generator) -> dict:
+    """Graphs vs eager trees for every request count of ``cfg.graph_requests``; one graphs
+    object per variant serves them all, as the proposer's does."""
+    head = make_head(cfg, gen, cfg.device)
+    capture = cfg.device == "cuda"
+    graphs = {variant: CorrectionGraphs(head, capture=capture) for variant in GRAPH_VARIANTS}
+    results = []
+    for requests in cfg.graph_requests:
+        inputs = tree_inputs(cfg, gen, requests)
+        results += [dict(graphs_row(cfg, variant, head, inputs, variant_graphs),
+                         bucket=bucket_size(requests))
+                    for variant, variant_graphs in graphs.items()]
+    captured = {variant: g.num_captured() for variant, g in graphs.items()}
+    captured_ok = not capture or all(count > 0 for count in captured.values())
+    return {"ok": captured_ok and all(r["ok"] for r in results), "capture": capture,
+            "graphs_captured": captured, "cases": results}
 
 
 # --------------------------------------------------------------------------------- timings
 def time_tree_build(cfg: Config, gen: torch.Generator) -> dict:
     head = make_head(cfg, gen, cfg.device)
-    base = (3 * torch.randn(1, cfg.depths, cfg.vocab, generator=gen)).to(cfg.device)
-    hidden = torch.randn(1, cfg.depths, cfg.hidden, generator=gen).to(cfg.device)
-    root = torch.tensor([1234 % cfg.vocab], device=cfg.device)
+    inputs = tree_inputs(cfg, gen, 1)
     results = {}
     for variant in VARIANTS:
-        def run(variant=variant):
-            return build_tree(variant, base, hidden, root, None if variant == "ddtree" else head,
-                              budget=cfg.budget, top_k=cfg.top_k, width=cfg.width,
-                              depth_bonus=-0.2)
-
         repeats = cfg.sequential_repeats if variant == "sequential" else cfg.build_repeats
         with torch.inference_mode():
-            results[variant] = timed(run, repeats, cfg.device, warmup=1)
-            results[variant]["num_nodes"] = int(run().num_nodes[0])
-        if variant in ("chain", "fixed", "pruned"):
-            results[variant].update(time_with_graphs(cfg, variant, head, base, hidden, root))
+            results[variant] = timed(lambda v=variant: build(cfg, v, head, inputs), repeats,
+                                     cfg.device, warmup=1)
+            results[variant]["num_nodes"] = int(build(cfg, variant, head, inputs).num_nodes[0])
+        if variant in GRAPH_VARIANTS:
+            results[variant].update(time_with_graphs(cfg, variant, head, inputs))
     return results
 
 
-def time_with_graphs(cfg: Config, variant: str, head: DominoHead, base: torch.Tensor,
-                     hidden: torch.Tensor, root: torch.Tensor) -> dict:
+def time_with_graphs(cfg: Config, variant: str, head: DominoHead, inputs: tuple) -> dict:
     """The same build with ``CorrectionGraphs`` (what the proposer uses on a GPU; the padded
-    eager path on CPU), and whether it gives the same tree."""
+    eager path on CPU), and whether it gives the same tree (the check covers more)."""
     graphs = CorrectionGraphs(head, capture=cfg.device == "cuda")
-
-    def run(graphs=None):
-        return build_tree(variant, base, hidden, root, head, budget=cfg.budget,
-                          top_k=cfg.top_k, width=cfg.width, depth_bonus=-0.2, graphs=graphs)
-
+    same = graphs_row(cfg, variant, head, inputs, graphs)["ok"]  # also captures the graphs
     with torch.inference_mode():
-        plain, graphed = run(), run(graphs)
-        row = timed(lambda: run(graphs), cfg.build_repeats, cfg.device, warmup=1)
-    same = all(torch.equal(getattr(plain, name), getattr(graphed, name))
-               for name in ("tokens", "parents", "depths", "valid"))
+        row = timed(lambda: build(cfg, variant, head, inputs, graphs), cfg.build_repeats,
+                    cfg.device, warmup=1)
     return {"graphs_median_ms": row["median_ms"], "graphs_captured": graphs.num_captured(),
             "graphs_same_tree": same}
-
-
-def time_score_select(cfg: Config, gen: torch.Generator) -> dict:
-    results = {}
-    for requests in (1, 8):
-        case = score_select_cases(replace(cfg), gen)[0][1]
-        case = tuple(t[:1].expand(requests, *t.shape[1:]).contiguous()
-                     if isinstance(t, torch.Tensor) else t for t in case)
-        results[f"R{requests}"] = {
-            "kernel": timed(lambda c=case: ss.score_select_triton(*c), cfg.repeats, cfg.device),
-            "twin": timed(lambda c=case: ss.score_select_torch(*c), cfg.repeats, cfg.device)}
-    return results
 
 
 def time_top_b(cfg: Config, gen: torch.Generator) -> dict:
@@ -472,7 +542,7 @@ def aot_compile(fn: Callable, kwargs: dict, arch: int = 90) -> dict:
         else:
             signature[name] = "fp32"
     begin = time.perf_counter()
-    source = ASTSource(fn=JITFunction(fn), signature=signature, constexprs=constexprs)
+    source = ASTSource(fn=JITFunction(launch.bind(fn)), signature=signature, constexprs=constexprs)
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     shared = int(compiled.metadata.shared)
     return {"kernel": fn.__name__, "compile_s": time.perf_counter() - begin,
@@ -482,8 +552,7 @@ def aot_compile(fn: Callable, kwargs: dict, arch: int = 90) -> dict:
 
 def compile_launches(dry: bool) -> list[tuple[Callable, dict]]:
     """Kernel launches built from small CPU tensors (only dtypes and constexprs matter)."""
-    for module in (topb, ta, kv, ss):
-        module._load_triton()
+    launch.load_triton()
     gen = torch.Generator().manual_seed(0)
     launches = []
     attn = [(torch.bfloat16, 64, 4, 1)] if dry else [
@@ -497,11 +566,6 @@ def compile_launches(dry: bool) -> list[tuple[Callable, dict]]:
                     *attn_args(case), torch.empty_like(case["query"]), num_splits=splits):
                 if not (dry and splits == 1):  # dry: the split path (partials + merge) only
                     launches.append((fn, kwargs))
-    for bias in (True,) if dry else (True, False):
-        case = score_select_cases(replace(DRY if dry else FULL, device="cpu"), gen)[
-            0 if bias else 2][1]
-        (fn, _, kwargs), _ = ss.score_select_launch(*case, chunk=16)
-        launches.append((fn, {**kwargs, "num_warps": 8}))
     for dtype in (torch.bfloat16,) if dry else (torch.bfloat16, torch.float32):
         caches = [torch.zeros(4, 16, 8, 128, dtype=dtype) for _ in range(2)]
         fn, _, kwargs = kv.copy_kv_slots_launch(caches, torch.arange(3), torch.arange(3))
@@ -524,7 +588,7 @@ def environment(cfg: Config) -> dict:
 
     info = {"torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "device": cfg.device,
-            "interpreter": topb.interpreter_enabled()}
+            "interpreter": launch.interpreter_enabled()}
     if cfg.device == "cuda" and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
@@ -533,11 +597,12 @@ def environment(cfg: Config) -> dict:
 def run_checks_and_timings(cfg: Config) -> dict:
     gen = torch.Generator().manual_seed(0)
     report = {"checks": {}, "timings": {}}
-    steps = [("checks", "top_b", check_top_b), ("checks", "score_select", check_score_select),
+    steps = [("checks", "top_b", check_top_b),
              ("checks", "tree_attention", check_tree_attention),
              ("checks", "compaction", check_compaction),
+             ("checks", "correction_graphs", check_correction_graphs),
              ("timings", "tree_build", time_tree_build),
-             ("timings", "score_select", time_score_select), ("timings", "top_b", time_top_b),
+             ("timings", "top_b", time_top_b),
              ("timings", "tree_attention", time_tree_attention),
              ("timings", "compaction", time_compaction)]
     for section, name, step in steps:
@@ -545,7 +610,7 @@ def run_checks_and_timings(cfg: Config) -> dict:
         report[section][name] = step(cfg, gen)
         elapsed = time.perf_counter() - begin
         status = report[section][name].get("ok", "-") if section == "checks" else "-"
-        print(f"{section:>8} {name:<15} ok={status!s:<5} {elapsed:7.1f}s", flush=True)
+        print(f"{section:>8} {name:<17} ok={status!s:<5} {elapsed:7.1f}s", flush=True)
         if cfg.device == "cuda":
             torch.cuda.empty_cache()
     report["all_ok"] = all(check["ok"] for check in report["checks"].values())
@@ -558,10 +623,9 @@ def print_timings(timings: dict) -> None:
                   f"{row['graphs_same_tree']})" if "graphs_median_ms" in row else "")
         print(f"  tree build {variant:<11} {row['median_ms']:9.3f} ms  ({row['num_nodes']} nodes)"
               f"{graphs}")
-    for name, rows in (("score_select", timings["score_select"]), ("top_b", timings["top_b"])):
-        for shape, row in rows.items():
-            print(f"  {name} {shape:<14} kernel {row['kernel']['median_ms']:8.3f} ms  "
-                  f"twin {row['twin']['median_ms']:8.3f} ms")
+    for shape, row in timings["top_b"].items():
+        print(f"  top_b {shape:<14} kernel {row['kernel']['median_ms']:8.3f} ms  "
+              f"twin {row['twin']['median_ms']:8.3f} ms")
     for context, row in timings["tree_attention"].items():
         print(f"  tree attention {context:<9} unsplit {row['kernel_unsplit']['median_ms']:8.3f}"
               f" ms  auto({row['auto_splits']}) {row['kernel_auto']['median_ms']:8.3f} ms  "
@@ -590,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.device == "cuda" and not torch.cuda.is_available():
             print("no CUDA device: run with --dry-run or --compile-only", file=sys.stderr)
             return 2
-        if args.dry_run and not topb.interpreter_loaded():
+        if args.dry_run and not launch.interpreter_loaded():
             print("--dry-run needs triton imported with TRITON_INTERPRET=1 (run this file as a "
                   "script)", file=sys.stderr)
             return 2

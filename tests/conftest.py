@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from vllm_dartree.testing.engine import prepare_process
+from vllm_dartree.harness.engine import prepare_process
 
 prepare_process()  # before anything imports vLLM
 
 import pytest  # noqa: E402
 
-from vllm_dartree.testing import tiny_models  # noqa: E402
-from vllm_dartree.testing.engine import EngineCache  # noqa: E402
+from vllm_dartree.harness.engine import EngineCache  # noqa: E402
+from vllm_dartree.models import tiny as tiny_models  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
 
         bench_main(rest)
     elif command == "viz":
-        from vllm_dartree.bench.viz import main as viz_main
+        from vllm_dartree.bench.viz_cli import main as viz_main
 
         viz_main(rest)
 

@@ -42,8 +42,8 @@ def tiny_pair() -> tuple[Path, Path, str]:
     ~40 s), plus a word-level tokenizer so its 32 token ids read as words."""
     import shutil
 
-    from vllm_dartree.testing.tiny_models import write_word_tokenizer
-    from vllm_dartree.testing.trained_pair import trained_tiny_pair
+    from vllm_dartree.models.tiny import write_word_tokenizer
+    from vllm_dartree.models.tiny_pair import trained_tiny_pair
 
     target, drafter = trained_tiny_pair()
     served = target.parent / f"{target.name}-words"
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
                         "48 for tiny)")
     args = parser.parse_args(argv or [])
     apply_process_defaults()
-    from vllm_dartree.testing.server import http_json, http_text, metric_value, running_server
+    from vllm_dartree.harness.server import http_json, http_text, metric_value, running_server
 
     make_pair, prompts, chats, max_tokens = PAIRS[args.pair]
     max_tokens = args.max_tokens or max_tokens

@@ -7,7 +7,7 @@ import pytest
 
 from vllm_dartree.bench import datasets as ds
 from vllm_dartree.bench.prompts import PromptBuilder
-from vllm_dartree.testing.tiny_models import TargetSpec, write_target
+from vllm_dartree.models.tiny import TargetSpec, write_target
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 from vllm_dartree.bench import metrics
 from vllm_dartree.bench.run import BenchConfig, DrafterMissing, config_from_args, parser
-from vllm_dartree.testing.trained_pair import trained_tiny_pair
+from vllm_dartree.models.tiny_pair import trained_tiny_pair
 
 pytestmark = pytest.mark.e2e
 TOKENS = 24
@@ -81,7 +81,7 @@ def test_per_round_records(bench):
 
 
 def test_written_outputs_and_viz(bench, tmp_path):
-    from vllm_dartree.bench.viz import main as viz_main
+    from vllm_dartree.bench.viz_cli import main as viz_main
 
     results, out = bench
     stored = json.loads((out / "results.json").read_text())

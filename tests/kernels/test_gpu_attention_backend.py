@@ -1,4 +1,4 @@
-"""The Triton tree-attention backend's glue, on CPU: kernel arguments built from a VerifyStep
+"""The Triton tree-attention backend's glue, on CPU: kernel arguments built from a VerifyPlan
 and vLLM's seq_lens/block table over vLLM's Triton cache layout, the impl's forward (stock
 kernel stubbed, torch twin for the tree rows), the kernel itself under the interpreter on
 the same arguments, GPU KV compaction on that layout, backend selection and inertness.
@@ -18,9 +18,10 @@ import pytest
 import torch
 from interpreted import run_interpreted
 
-from csrc_triton.tree_attention import tree_attention_torch
 from vllm_dartree.integration.tree_context import tree_verify
-from vllm_dartree.integration.verify import AcceptedPaths, build_verify_step
+from vllm_dartree.integration.verify_plan import AcceptedPaths
+from vllm_dartree.kernels.tree_attention import tree_attention_torch
+from vllm_dartree.testing.plans import plan_of
 from vllm_dartree.tree.types import padded_tree
 
 pytest.importorskip("vllm.v1.attention.backends.triton_attn")
@@ -61,18 +62,16 @@ def make_case(spec: Spec, seed: int) -> dict:
     """A batch whose tree requests are laid out as vLLM's V1 runner lays them out: each
     request's rows [prefix tokens scheduled this step..., root, drafts...] in batch order."""
     gen = torch.Generator().manual_seed(seed)
-    trees, batch_index, root_rows, num_drafts = [], [], [], []
+    trees, scheduled_rows = [], []
     seq_lens, row = [], 0
-    for b, (prefix, drafts) in enumerate(zip(spec.prefixes, spec.drafts)):
+    for prefix, drafts in zip(spec.prefixes, spec.drafts):
         scheduled = 1 + drafts if drafts else 2  # a plain request schedules two tokens
         if drafts:
             trees.append(random_tree(gen, spec.budget))
-            batch_index.append(b)
-            root_rows.append(row)
-            num_drafts.append(drafts)
+        scheduled_rows.append(scheduled)
         seq_lens.append(prefix + scheduled)
         row += scheduled
-    step = build_verify_step(trees, batch_index, root_rows, num_drafts, torch.device("cpu"))
+    step = plan_of(trees, list(spec.drafts), scheduled_rows)
     blocks_per_req = [math.ceil(n / spec.block_size) for n in seq_lens]
     num_blocks = sum(blocks_per_req) + 3
     perm = torch.randperm(num_blocks, generator=gen)
@@ -151,9 +150,10 @@ def test_kernel_args_drive_the_interpreted_kernel(cases, tmp_path):
     torch.save([kernel_inputs(case) for case in cases], inputs)
     script = textwrap.dedent(f"""
         import torch
-        import csrc_triton.tree_attention as ta
+        import vllm_dartree.kernels.tree_attention as ta
+        from vllm_dartree.kernels import launch
 
-        assert ta.interpreter_loaded()
+        assert launch.interpreter_loaded()
         results = []
         for kwargs in torch.load({str(inputs)!r}):
             assert kwargs["key_cache"].stride() == kwargs["value_cache"].stride()
@@ -229,7 +229,7 @@ def test_gpu_compaction_moves_whole_slots_per_slot_mapping(cases):
     target_kv = [(layers[0], "", mappings[0]), (layers[1], "", mappings[0]),
                  (layers[2], "", mappings[1])]
     expected = [naive_compaction(kv, accepted, mapping) for kv, _, mapping in target_kv]
-    gpu_attention.compact_kv_caches(target_kv, accepted)
+    gpu_attention.GpuKvMover()(accepted, target_kv)
     assert all(torch.equal(got, want) for got, want in zip(layers, expected))
     assert not torch.equal(layers[0], case["kv_cache"])  # something really moved
 
@@ -239,7 +239,7 @@ def naive_compaction(kv_cache: torch.Tensor, accepted: AcceptedPaths, slot_mappi
     """Path position d's slot gets the node's slot content (keys and values, all heads)."""
     old, new = kv_cache.clone(), kv_cache.clone()
     block_size = kv_cache.shape[2]
-    for t, root in enumerate(accepted.verify.root_row.tolist()):
+    for t, root in enumerate(accepted.plan.root_row.tolist()):
         for depth, node in enumerate(accepted.accepted_nodes[t].tolist()):
             if depth == 0 or node < 0:
                 continue
@@ -276,8 +276,9 @@ def test_triton_backend_is_selected_or_a_conflicting_choice_refused():
                           ({"config_backend": "FLASHINFER"},
                            "'attention_config.backend' = FLASHINFER"),
                           ({"per_kind": {"sliding_window": "FLASH_ATTN"}},
-                           "'attention_config.backend_per_kind.sliding_window' = FLASH_ATTN"),
-                          ({"kv_cache_dtype": "fp8"}, "'kv_cache_dtype' = 'fp8'")):
+                           "'attention_config.backend_per_kind.sliding_window' = FLASH_ATTN")):
+        # (a quantized kv_cache_dtype is refused on every platform: tests/integration/
+        # test_refusals.py)
         with pytest.raises(DARTreeConfigError, match=field):
             gpu_attention.select_triton_backend(engine_args(**kwargs))
 
@@ -307,18 +308,18 @@ def test_platform_gate(monkeypatch):
 def test_registration_points_triton_attn_at_the_subclass():
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
+    from vllm_dartree.integration import activation
+
     entry = AttentionBackendEnum.TRITON_ATTN
     assert not entry.is_overridden()
     try:
-        gpu_attention.register_tree_triton_attention()
+        activation.TritonTreeAttention.apply()
         assert entry.get_class() is gpu_attention.TreeTritonAttentionBackend
         builder = entry.get_class().get_builder_cls()
         assert builder.get_cudagraph_support(None, None).name == "NEVER"
     finally:
-        entry.clear_override()
-        from vllm.v1.attention import selector
-
-        selector._cached_get_attn_backend.cache_clear()
+        activation.TritonTreeAttention.revert()
+    assert not entry.is_overridden()
 
 
 INERTNESS_PROBE = textwrap.dedent("""

@@ -13,8 +13,9 @@ import pytest
 import torch
 from interpreted import run_interpreted
 
-from csrc_triton.kv_compaction import copy_kv_slots, copy_kv_slots_torch, split_kv_caches
-from vllm_dartree.integration.verify import AcceptedPaths, build_verify_step, compaction_pairs
+from vllm_dartree.integration.verify_plan import AcceptedPaths, compaction_pairs
+from vllm_dartree.kernels.kv_compaction import copy_kv_slots, copy_kv_slots_torch, split_kv_caches
+from vllm_dartree.testing.plans import layout_for_roots, plan_of
 from vllm_dartree.tree.types import padded_tree
 
 
@@ -53,8 +54,7 @@ def accepted_pairs(gen: torch.Generator, num_requests: int, budget: int, block_s
     for n in drafts:
         root_rows.append(row)
         row += 1 + n + 1  # one non-tree row between segments
-    step = build_verify_step(trees, list(range(num_requests)), root_rows, drafts,
-                             torch.device("cpu"))
+    step = plan_of(trees, drafts, layout_for_roots(root_rows, drafts))
     max_len = budget + 1
     nodes = torch.full((num_requests, max_len), -1, dtype=torch.int64)
     for r, tree in enumerate(trees):
@@ -120,7 +120,8 @@ def run_interpreted_kernel(cases: list[dict], tmp_path: Path) -> list[list[torch
     torch.save(cases, inputs)
     script = textwrap.dedent(f"""
         import torch
-        import csrc_triton.kv_compaction as kv
+        import vllm_dartree.kernels.kv_compaction as kv
+        from vllm_dartree.kernels import launch
 
         def forbidden(*args, **kwargs):
             raise AssertionError("copy_kv_slots fell back to the torch twin")
@@ -128,7 +129,7 @@ def run_interpreted_kernel(cases: list[dict], tmp_path: Path) -> list[list[torch
         def caches_of(case):
             return kv.split_kv_caches(case["layers"]) if "layers" in case else case["caches"]
 
-        assert kv.interpreter_loaded()
+        assert launch.interpreter_loaded()
         cases = torch.load({str(inputs)!r})
         results = []
         for case in cases:
@@ -191,3 +192,35 @@ def test_argument_checks():
         copy_kv_slots_torch([cache], torch.tensor([0, 1]), torch.tensor([1]))
     with pytest.raises(ValueError, match="num_blocks, block_size"):
         copy_kv_slots_torch([torch.zeros(2, 16, 16)], torch.tensor([0]), torch.tensor([1]))
+
+
+def page_view_case(gen: torch.Generator, dtype: torch.dtype, layers: int, kv_heads: int,
+                   head_size: int) -> dict:
+    """Accepted-path pairs over layer pages [num_blocks, kv_heads, block_size, 2 * head_size]
+    (vLLM's Triton backend), passed as the views [num_blocks, block_size, kv_heads,
+    2 * head_size] production compacts, one per layer (vllm_dartree/integration/
+    gpu_attention.py GpuKvMover)."""
+    src, dst, num_slots = accepted_pairs(gen, 4, 16, 16)
+    pages = [torch.randn(num_slots // 16, kv_heads, 16, 2 * head_size, generator=gen).to(dtype)
+             for _ in range(layers)]
+    return dict(caches=[page.transpose(1, 2) for page in pages], src=src, dst=dst, block_p=16)
+
+
+def test_interpreted_kernel_on_page_views(tmp_path):
+    """Keys and values of a slot move together; every view covers its whole page, so the
+    comparison with the naive copy also proves the slots not moved are untouched."""
+    gen = torch.Generator().manual_seed(1)
+    # kv_heads 3 x 2 x 16: slots of 96 elements, less than one element tile.
+    cases = [page_view_case(gen, torch.bfloat16, 3, 2, 32),
+             page_view_case(gen, torch.float32, 2, 3, 16)]
+    expected = [naive_copy(case["caches"], case["src"], case["dst"]) for case in cases]
+    kernel_results = run_interpreted_kernel(cases, tmp_path)
+    for case, sent in zip(cases, torch.load(tmp_path / "cases.pt")):  # what the kernel got
+        for cache, view in zip(case["caches"], sent["caches"]):
+            assert view.stride() == cache.stride() and not view.is_contiguous()
+    for index, case in enumerate(cases):
+        caches = [c.clone() for c in case["caches"]]
+        copy_kv_slots_torch(caches, case["src"], case["dst"])
+        for twin, kernel, naive in zip(caches, kernel_results[index], expected[index]):
+            assert torch.equal(twin, naive), index
+            assert torch.equal(kernel, naive), index

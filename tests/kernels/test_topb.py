@@ -13,7 +13,7 @@ import pytest
 import torch
 from interpreted import run_interpreted
 
-from csrc_triton.topb import select_top_b, top_b_torch
+from vllm_dartree.kernels.topb import select_top_b, top_b_torch
 
 SHAPES = [(1, 1, 1), (3, 10, 4), (2, 64, 64), (4, 65, 64), (2, 192, 64), (3, 256, 17),
           (2, 300, 299), (2, 5, 0), (5, 33, 1)]
@@ -44,12 +44,13 @@ def run_interpreted_kernel(cases, tmp_path: Path) -> list[torch.Tensor]:
     torch.save(cases, inputs)
     script = textwrap.dedent(f"""
         import torch
-        import csrc_triton.topb as topb
+        import vllm_dartree.kernels.topb as topb
+        from vllm_dartree.kernels import launch
 
         def forbidden(*args):
             raise AssertionError("select_top_b fell back to the torch twin")
 
-        assert topb.interpreter_loaded()
+        assert launch.interpreter_loaded()
         cases = torch.load({str(inputs)!r})
         kept = [topb.top_b_triton(scores, b) for scores, b in cases]
         topb.top_b_torch = forbidden  # the dispatcher must pick the kernel

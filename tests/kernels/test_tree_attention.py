@@ -16,7 +16,7 @@ import pytest
 import torch
 from interpreted import run_interpreted
 
-from csrc_triton.tree_attention import (
+from vllm_dartree.kernels.tree_attention import (
     choose_num_splits,
     tree_attention,
     tree_attention_torch,
@@ -131,12 +131,13 @@ def run_interpreted_kernel(cases: list[dict], tmp_path: Path) -> list[torch.Tens
     torch.save(cases, inputs)
     script = textwrap.dedent(f"""
         import torch
-        import csrc_triton.tree_attention as ta
+        import vllm_dartree.kernels.tree_attention as ta
+        from vllm_dartree.kernels import launch
 
         def forbidden(*args, **kwargs):
             raise AssertionError("tree_attention fell back to the torch twin")
 
-        assert ta.interpreter_loaded()
+        assert launch.interpreter_loaded()
         names = {KERNEL_ARGS!r}
         results = []
         for case in torch.load({str(inputs)!r}):
@@ -244,3 +245,39 @@ def test_argument_checks(cases):
         tree_attention_torch(*call_args({**case, "num_rows": case["num_rows"][:1]}))
     with pytest.raises(ValueError, match="do not fit"):
         tree_attention_torch(*call_args({**case, "query": case["query"][:, :, :32]}))
+
+
+def page_view_case(case: dict) -> dict:
+    """The case with its caches stored as one vLLM Triton-backend page [num_blocks, kv_heads,
+    block_size, 2 * head_size] and passed as the strided key and value views production takes
+    (vllm_dartree/integration/gpu_attention.py split_kv_cache)."""
+    head_size = case["key_cache"].shape[-1]
+    both = torch.cat([case["key_cache"], case["value_cache"]], dim=-1)
+    page = both.transpose(1, 2).contiguous()
+    key_cache, value_cache = page.transpose(1, 2).split(head_size, dim=-1)
+    return {**case, "key_cache": key_cache, "value_cache": value_cache}
+
+
+# GQA 4 with two mask words, head 128, two KV splits, GQA 3, float16 (most with kv_heads 2,
+# where the page really swaps the head and slot axes).
+PAGE_SPECS = (1, 3, 5, 6, 7)
+
+
+def test_interpreted_kernel_on_page_views_equals_twin(cases, tmp_path):
+    paged = [page_view_case(cases[index]) for index in PAGE_SPECS]
+    results = run_interpreted_kernel(paged, tmp_path)
+    for case, sent in zip(paged, torch.load(tmp_path / "cases.pt")):  # what the kernel got
+        key, value = sent["key_cache"], sent["value_cache"]
+        assert key.stride() == case["key_cache"].stride() and not key.is_contiguous()
+        assert key.untyped_storage().data_ptr() == value.untyped_storage().data_ptr()
+    for index, case, kernel_out in zip(PAGE_SPECS, paged, results):
+        sentinel = torch.full_like(case["query"], SENTINEL)
+        twin = tree_attention_torch(*call_args(case), out=sentinel.clone())
+        contiguous_twin = tree_attention_torch(*call_args(cases[index]), out=sentinel.clone())
+        assert torch.equal(twin, contiguous_twin), SPECS[index]  # same keys, other strides
+        rows = scheduled_rows(case)
+        untouched = torch.ones(case["query"].shape[0], dtype=torch.bool)
+        untouched[rows] = False
+        assert torch.all(kernel_out[untouched] == SENTINEL), SPECS[index]
+        err = (kernel_out[rows].float() - twin[rows].float()).abs().max().item()
+        assert err < tolerance(case), (SPECS[index], err)

@@ -77,7 +77,7 @@ def test_vllm_greedy_equals_transformers(engines, model_dir, chat_prompts, hf_gr
     from transformers import AutoTokenizer
     from vllm import SamplingParams
 
-    from vllm_dartree.testing.engine import generate_ids
+    from vllm_dartree.harness.engine import generate_ids
 
     llm = engines.get(model=str(model_dir), dtype="float32", skip_tokenizer_init=False,
                       max_model_len=1024, max_num_seqs=4)

@@ -38,7 +38,7 @@ def prompts(model_dir):
 def target_only(engines, model_dir, prompts):
     from vllm import SamplingParams
 
-    from vllm_dartree.testing.engine import generate_ids
+    from vllm_dartree.harness.engine import generate_ids
 
     llm = engines.get(model=str(model_dir), **ENGINE)
     return generate_ids(llm, prompts, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS))
@@ -59,7 +59,7 @@ def taus(engines, model_dir, prompts, target_only):
 
     from vllm_dartree.bench.methods import TreeParams, speculative_config
     from vllm_dartree.bench.run import counter_delta
-    from vllm_dartree.testing.engine import generate_ids, spec_decode_counters
+    from vllm_dartree.harness.engine import generate_ids, spec_decode_counters
 
     found = {}
     for method in ("dartree-pruned", "dflash"):

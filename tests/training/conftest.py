@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_dartree.testing.trained_pair import TRAINED_TARGET
+from vllm_dartree.models.tiny_pair import TRAINED_TARGET
 
 
 @pytest.fixture(autouse=True)
@@ -19,7 +19,7 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def target_dir():
-    from vllm_dartree.testing.tiny_models import write_target
+    from vllm_dartree.models.tiny import write_target
 
     return write_target(TRAINED_TARGET)
 

@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 from training_helpers import SMALL, small_arch, small_drafter
 
-from vllm_dartree.testing import tiny_models as tm
+from vllm_dartree.models import tiny as tm
 from vllm_dartree.training.model import IGNORE_INDEX, DrafterArch, block_labels
 from vllm_dartree.training.train import export_drafter, load_drafter
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_dartree.testing.tiny_models import TargetSpec
+from vllm_dartree.models.tiny import TargetSpec
 from vllm_dartree.training.model import DominoDrafter, DrafterArch
 
 SMALL = TargetSpec(vocab_size=32, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from csrc_triton.topb import select_top_b
+from vllm_dartree.kernels.topb import select_top_b
 from vllm_dartree.tree import VARIANTS, DominoHead, build_tree, stable_topk
 from vllm_dartree.tree.build import (
     capacity_limited,

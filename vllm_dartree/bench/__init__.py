@@ -1,5 +1,5 @@
 """Benchmark harness: ``vllm-dartree bench`` (:func:`vllm_dartree.bench.run.main`) and
-``vllm-dartree viz`` (:func:`vllm_dartree.bench.viz.main`).
+``vllm-dartree viz`` (:func:`vllm_dartree.bench.viz_cli.main`).
 
 Modules: ``datasets`` (offline prompt sources, reference formats and counts), ``prompts``
 (chat template, thinking off), ``methods`` (the six speculative configs), ``generate`` (timed

@@ -158,7 +158,7 @@ def load_dataset(name: str, num_samples: int | None = None,
 
 def random_id_samples(num_samples: int, vocab_size: int, seed: int = 11) -> list[Sample]:
     """Token-id prompts for targets without a tokenizer (dataset name ``random``)."""
-    from vllm_dartree.testing.tiny_models import random_prompts
+    from vllm_dartree.models.tiny import random_prompts
 
     prompts = random_prompts(num_samples, vocab_size, seed=seed)
     return [Sample("random", i, prompt_ids=tuple(p)) for i, p in enumerate(prompts)]

@@ -1,18 +1,19 @@
-"""Per-round records read from the in-process ``DARTreeProposer`` (benchmark-side hook).
+"""Per-round records of tree steps, observed through the verifier's hook.
 
-While installed, ``DARTreeProposer.sample_tree`` is wrapped: after the original runs, the
-step's :class:`AcceptedPaths` (the verified trees and the accepted paths) is read, never
-changed. Each verify round of a request yields ``accept`` (path length including the root =
-accepted drafts + 1, i.e. tokens committed with the bonus), ``nodes`` and ``depth_counts``
-(number of tree nodes at depth 1, 2, ...), plus the whole tree for the first ``keep_limit``
-rounds of requests listed in ``keep_requests``.
-Only in-process engines (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) run the proposer here.
+While the recorder is entered, :meth:`TreeVerifier.observing
+<vllm_dartree.integration.verifier.TreeVerifier.observing>` hands it every accepted tree
+step (read, never changed). Each verify round of a request yields ``accept`` (path length
+including the root = accepted drafts + 1, i.e. tokens committed with the bonus), ``nodes``
+and ``depth_counts`` (number of tree nodes at depth 1, 2, ...), plus the whole tree for the
+first ``keep_limit`` rounds of requests listed in ``keep_requests``.
+Only in-process engines (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) verify in this process.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from contextlib import ExitStack
 from typing import Any
 
 
@@ -29,29 +30,16 @@ class RoundRecorder:
         self.keep_requests: set[str] = set()
         self.rounds: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.step = 0
-        self._original = None
+        self._hook = ExitStack()
 
     def __enter__(self) -> RoundRecorder:
-        from vllm_dartree.integration.proposer import DARTreeProposer
+        from vllm_dartree.integration.verifier import TreeVerifier
 
-        original = DARTreeProposer.sample_tree
-        recorder = self
-
-        def sample_tree(proposer, logits, metadata, sampling):
-            before = proposer.accepted
-            out = original(proposer, logits, metadata, sampling)
-            if proposer.accepted is not None and proposer.accepted is not before:
-                recorder.observe(proposer, proposer.accepted)
-            return out
-
-        self._original = original
-        DARTreeProposer.sample_tree = sample_tree
+        self._hook.enter_context(TreeVerifier.observing(self.observe))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from vllm_dartree.integration.proposer import DARTreeProposer
-
-        DARTreeProposer.sample_tree = self._original
+        self._hook.close()
 
     def pop(self, request_id: str) -> list[dict[str, Any]]:
         self.keep_requests.discard(request_id)
@@ -61,12 +49,11 @@ class RoundRecorder:
         return (request_id in self.keep_requests
                 and len(self.rounds[request_id]) < self.keep_limit)
 
-    def observe(self, proposer: Any, accepted: Any) -> None:
-        step = accepted.verify
-        req_ids = proposer.target_runner.input_batch.req_ids
-        tree = step.tree
-        for row, batch in enumerate(step.batch_index.tolist()):
-            request = external_id(req_ids[batch])
+    def observe(self, accepted: Any) -> None:
+        plan = accepted.plan
+        tree = plan.tree
+        for row, req_id in enumerate(plan.req_ids):
+            request = external_id(req_id)
             record = round_record(tree, accepted, row, self.step)
             if self.keep_tree(request):
                 record["tree"] = tree_record(tree, accepted, row)

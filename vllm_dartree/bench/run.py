@@ -145,7 +145,7 @@ def run_benchmark(config: BenchConfig,
                   samples: dict[str, list[Sample]] | None = None) -> dict[str, Any]:
     """Run every method on every sample; write the outputs when ``config.write``."""
     from vllm_dartree.bench.prompts import PromptBuilder
-    from vllm_dartree.testing.engine import prepare_process
+    from vllm_dartree.harness.engine import prepare_process
 
     check_drafter(config)
     prepare_process()
@@ -206,7 +206,7 @@ def _run_method(config: BenchConfig, method: str, builder: Any,
     from vllm_dartree.bench.generate import GenSettings, run_conversations
     from vllm_dartree.bench.methods import speculative_config
     from vllm_dartree.bench.recorder import RoundRecorder
-    from vllm_dartree.testing.engine import build_llm, shutdown_llm, spec_decode_counters
+    from vllm_dartree.harness.engine import build_llm, shutdown_llm, spec_decode_counters
 
     spec = speculative_config(method, config.drafter, config.tree)
     results["meta"]["speculative_configs"][method] = spec and spec | {

@@ -17,7 +17,7 @@ from typing import Any
 
 from vllm_dartree.bench.datasets import Sample
 from vllm_dartree.bench.methods import speculative_config
-from vllm_dartree.testing.server import http_json, http_text, metric_value, running_server
+from vllm_dartree.harness.server import http_json, http_text, metric_value, running_server
 
 SERVED_NAME = "bench"
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")

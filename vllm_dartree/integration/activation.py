@@ -1,34 +1,59 @@
-"""When vllm-dartree acts, and when it stays out of the way.
+"""When vllm-dartree changes vLLM, and the one list of what it changes.
 
-At plugin load only :class:`SpeculativeConfigGate` is installed: a pass-through around
-``EngineArgs.create_speculative_config`` that calls the original unchanged for any config
-whose method is not "dartree". Everything else is applied when dartree is requested.
-Engine processes spawned after that inherit ``VLLM_DARTREE_ACTIVE`` and activate at load.
+At plugin load (every vLLM process) only :data:`LOAD_TOUCHPOINTS` are installed: the
+request gate around ``EngineArgs.create_speculative_config``, which calls the original
+unchanged for any config whose method is not "dartree", and ``dartree`` as a choice of
+``--spec-method`` (vLLM loads plugins before building its CLI parser so that they can add
+choices). Everything in :func:`dartree_touchpoints` is applied when dartree is requested;
+engine processes spawned after that inherit ``VLLM_DARTREE_ACTIVE`` and activate at load.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Any
 
 from vllm_dartree import METHOD_NAME
-from vllm_dartree.integration.patching import VllmPatch, check_vllm_version, installed_vllm_version
+from vllm_dartree.integration.patching import (
+    ArchitectureOverride,
+    BackendOverride,
+    EnvironmentSetting,
+    TouchPoint,
+    VllmPatch,
+    check_vllm_version,
+    installed_vllm_version,
+)
 
 SETTINGS_ATTR = "dartree"  # attribute of vLLM's SpeculativeConfig carrying DARTreeConfig
+ACTIVE_ENV = "VLLM_DARTREE_ACTIVE"
+SHORTCUT_FLAGS = (("--spec-method", "method", "spec_method"),
+                  ("--spec-model", "model", "spec_model"),
+                  ("--spec-tokens", "num_speculative_tokens", "spec_tokens"))
 
 logger = logging.getLogger("vllm.dartree")
 
-ACTIVE_ENV = "VLLM_DARTREE_ACTIVE"
 
-
-def is_dartree_request(speculative_config: Any) -> bool:
-    return isinstance(speculative_config, dict) and speculative_config.get("method") == METHOD_NAME
+def requested_config(engine_args: Any) -> dict | None:
+    """The dartree speculative config these engine args ask for, with vLLM's CLI shortcut
+    flags merged in as vLLM merges them; None when they ask for something else."""
+    config = engine_args.speculative_config
+    flags = {key: getattr(engine_args, attr, None) for _, key, attr in SHORTCUT_FLAGS}
+    method = flags["method"] or (config.get("method") if isinstance(config, dict) else None)
+    if method != METHOD_NAME:
+        return None
+    merged = dict(config or {})
+    for flag, key, _ in SHORTCUT_FLAGS:
+        if flags[key] is None:
+            continue
+        if key in merged:
+            raise ValueError(f"{flag} and --speculative-config['{key}'] are mutually exclusive")
+        merged[key] = flags[key]
+    return merged
 
 
 class SpeculativeConfigGate(VllmPatch):
-    """Route ``method: "dartree"`` to :func:`build_dartree_speculative_config`."""
+    """Route a dartree request to :func:`build_dartree_speculative_config`."""
 
     target = "vllm.engine.arg_utils:EngineArgs"
     attribute = "create_speculative_config"
@@ -38,66 +63,154 @@ class SpeculativeConfigGate(VllmPatch):
     def replacement(cls, original):
         @functools.wraps(original)
         def create_speculative_config(self, target_model_config, target_parallel_config):
-            if not is_dartree_request(self.speculative_config):
+            requested = requested_config(self)
+            if requested is None:
                 return original(self, target_model_config, target_parallel_config)
             return build_dartree_speculative_config(
-                self, original, target_model_config, target_parallel_config
-            )
+                self, requested, original, target_model_config, target_parallel_config)
 
         return create_speculative_config
 
 
+class SpecMethodChoice(VllmPatch):
+    """Accept ``--spec-method dartree`` in vLLM's CLI (the choices come from vLLM's
+    ``SpeculativeConfig.method`` Literal, which a plugin cannot extend)."""
+
+    target = "vllm.engine.arg_utils:EngineArgs"
+    attribute = "add_cli_args"
+    log_level = logging.DEBUG
+
+    @classmethod
+    def replacement(cls, original):
+        add_cli_args = original.__func__ if isinstance(original, staticmethod) else original
+
+        @functools.wraps(add_cli_args)
+        def with_dartree_choice(parser):
+            parser = add_cli_args(parser)
+            for action in parser._actions:
+                if "--spec-method" in action.option_strings and action.choices is not None:
+                    action.choices = [*action.choices, METHOD_NAME]
+            return parser
+
+        return staticmethod(with_dartree_choice)
+
+
+LOAD_TOUCHPOINTS: tuple[type[VllmPatch], ...] = (SpeculativeConfigGate, SpecMethodChoice)
+
+
 def install_gate() -> None:
-    if not SpeculativeConfigGate.is_applied():
-        SpeculativeConfigGate.apply()
+    for touchpoint in LOAD_TOUCHPOINTS:
+        if not touchpoint.is_applied():
+            touchpoint.apply()
+
+
+# ---- applied when dartree is requested --------------------------------------------------
+
+class ActiveInEngineProcesses(EnvironmentSetting):
+    """Engine processes spawned from here activate at plugin load."""
+
+    variable = ACTIVE_ENV
+    value = "1"
+    log_level = logging.DEBUG
+
+
+class V1RunnerForDartree(VllmPatch):
+    """A dartree engine runs on vLLM's V1 model runner (the one these patches hook); every
+    other engine keeps vLLM's own choice. Settings that need V2 are refused."""
+
+    target = "vllm.config.vllm:VllmConfig"
+    attribute = "use_v2_model_runner"
+
+    @classmethod
+    def replacement(cls, original):
+        from vllm_dartree.config import DARTreeConfigError
+        from vllm_dartree.integration.refusals import SUPPORTED_TEXT, v2_runner_problem
+
+        def use_v2_model_runner(self) -> bool:
+            spec = getattr(self, "speculative_config", None)
+            if getattr(spec, SETTINGS_ATTR, None) is None:
+                return original.fget(self)
+            problem = v2_runner_problem(self)
+            if problem is not None:
+                raise DARTreeConfigError(f"{problem}; {SUPPORTED_TEXT}")
+            return False
+
+        return property(use_v2_model_runner, doc=original.__doc__)
+
+
+class DrafterArchitecture(ArchitectureOverride):
+    """vLLM's ``DFlashDraftModel`` architecture (``qwen3_dflash.DFlashQwen3ForCausalLM``)
+    builds our subclass, which is the stock model for checkpoints without a Domino head."""
+
+    architecture = "DFlashDraftModel"
+    model_path = "vllm_dartree.integration.drafter_model:DARTreeDraftModel"
+
+
+class CpuTreeAttention(BackendOverride):
+    backend = "CPU_ATTN"
+    class_path = "vllm_dartree.integration.cpu_attention.TreeCPUAttentionBackend"
+
+    @classmethod
+    def applies_here(cls) -> bool:
+        from vllm.platforms import current_platform
+
+        return current_platform.is_cpu()
+
+
+class TritonTreeAttention(BackendOverride):
+    backend = "TRITON_ATTN"
+    class_path = "vllm_dartree.integration.gpu_attention.TreeTritonAttentionBackend"
+
+    @classmethod
+    def applies_here(cls) -> bool:
+        from vllm.platforms import current_platform
+
+        return current_platform.is_cuda()
+
+
+def dartree_touchpoints() -> list[type[TouchPoint]]:
+    """Every change activation makes to vLLM, in the order it applies them."""
+    from vllm_dartree.integration.compat import CPU_DEFECT_FIXES
+    from vllm_dartree.integration.runner import RUNNER_PATCHES, DFlashProposerGlobal
+
+    return [ActiveInEngineProcesses, V1RunnerForDartree, *CPU_DEFECT_FIXES,
+            DrafterArchitecture, CpuTreeAttention, TritonTreeAttention,
+            DFlashProposerGlobal, *RUNNER_PATCHES]
 
 
 _activated = False
 
 
 def activate() -> None:
-    """Apply every patch dartree needs in this process (once)."""
+    """Apply every touch-point dartree needs in this process (once)."""
     global _activated
     check_vllm_version()
-    os.environ[ACTIVE_ENV] = "1"  # inherited by engine processes spawned from here
     if _activated:
         return
     _activated = True
-    from vllm.platforms import current_platform
-
-    from vllm_dartree.integration.compat import fix_expand_kernel_if_broken
-    from vllm_dartree.integration.drafter_model import register_drafter_model
-    from vllm_dartree.integration.runner import RUNNER_PATCHES
-
-    fix_expand_kernel_if_broken()
-    register_drafter_model()
-    if current_platform.is_cpu():
-        from vllm_dartree.integration.cpu_attention import register_tree_cpu_attention
-
-        register_tree_cpu_attention()
-    else:
-        if current_platform.is_cuda():
-            from vllm_dartree.integration.gpu_attention import register_tree_triton_attention
-
-            register_tree_triton_attention()
-        # The proposer and tree sampler hook the V1 runner; V2 is vLLM's GPU default.
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-        logger.info("vllm-dartree: selecting vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)")
-    for patch in RUNNER_PATCHES:
-        patch.apply()
+    for touchpoint in dartree_touchpoints():
+        if not touchpoint.is_applied() and touchpoint.applies_here():
+            touchpoint.apply()
     logger.info("vllm-dartree activated (vLLM %s)", installed_vllm_version())
 
 
-def build_dartree_speculative_config(engine_args, original, target_model_config, parallel_config):
-    """Validate the dartree request, activate the plugin, build vLLM's speculative config."""
+def build_dartree_speculative_config(engine_args, requested: dict, original,
+                                     target_model_config, parallel_config):
+    """Validate the dartree request, refuse what cannot run, activate, build vLLM's config."""
     check_vllm_version()
-    from vllm_dartree.config import parse_speculative_config
+    from vllm.platforms import current_platform
 
-    config = parse_speculative_config(engine_args.speculative_config)
+    from vllm_dartree.config import parse_speculative_config
+    from vllm_dartree.integration.refusals import refuse_unsupported_setup
+
+    config = parse_speculative_config(requested)
     refuse_unverifiable_platform(config)
+    refuse_unsupported_setup(config, engine_args, target_model_config, parallel_config,
+                             on_cuda=current_platform.is_cuda())
     select_tree_attention_backend(config, engine_args)
     activate()
-    requested = engine_args.speculative_config
+    saved = {attr: getattr(engine_args, attr, None) for _, _, attr in SHORTCUT_FLAGS}
+    saved_config = engine_args.speculative_config
     # vLLM carries dartree as its DFlash method (same drafter plumbing) with B draft slots;
     # the dartree settings ride along on the config object into every engine process.
     engine_args.speculative_config = {
@@ -106,10 +219,14 @@ def build_dartree_speculative_config(engine_args, original, target_model_config,
         "num_speculative_tokens": config.budget,
         **config.vllm_options,
     }
+    for attr in saved:  # merged into the request above
+        setattr(engine_args, attr, None)
     try:
         speculative = original(engine_args, target_model_config, parallel_config)
     finally:
-        engine_args.speculative_config = requested
+        engine_args.speculative_config = saved_config
+        for attr, value in saved.items():
+            setattr(engine_args, attr, value)
     check_drafter(config, speculative.draft_model_config.hf_config, target_model_config,
                   parallel_config)
     object.__setattr__(speculative, SETTINGS_ATTR, config)

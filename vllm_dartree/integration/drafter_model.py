@@ -1,7 +1,8 @@
 """The drafter inside vLLM: vLLM's DFlash backbone plus, for Domino checkpoints, the GRU head.
 
-Patched symbol: vLLM's model registry entry ``DFlashDraftModel`` (vLLM 0.32/0.33 map it to
-``qwen3_dflash.DFlashQwen3ForCausalLM``). :class:`DARTreeDraftModel` subclasses that model:
+vLLM's model registry entry ``DFlashDraftModel`` (vLLM 0.32/0.33 map it to
+``qwen3_dflash.DFlashQwen3ForCausalLM``) names :class:`DARTreeDraftModel` once dartree is
+active (``activation.DrafterArchitecture``). It subclasses that model:
 for a z-lab DFlash checkpoint it is the stock model; for a Domino checkpoint
 (``dflash_config.projector_type == "domino"``) it also loads ``prefix_gru.*`` and
 ``embed_proj.*`` and exposes them as a :class:`~vllm_dartree.tree.DominoHead`.
@@ -18,6 +19,7 @@ from torch import nn
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
 from vllm_dartree.tree import DominoHead
+from vllm_dartree.tree.correction import input_gate_table
 
 HEAD_PREFIXES = ("prefix_gru.", "embed_proj.")
 LEGACY_HEAD_PREFIX = "logit_head."  # older Domino exports nest the head under this name
@@ -170,28 +172,20 @@ class DARTreeDraftModel(DFlashQwen3ForCausalLM):
         return loaded
 
     def correction_head(self) -> DominoHead | None:
-        """The Domino head over the (shared) target embedding, or None for z-lab DFlash."""
+        """The Domino head with its [V, 3G] input-gate table over the full vocabulary, or
+        None for z-lab DFlash. The table is built through the embedding module's forward:
+        under tensor parallelism each rank holds a vocabulary shard of the (shared, target)
+        embedding, and the forward gathers every row from the ranks."""
         if not self.has_domino_head:
             return None
         return DominoHead(
-            embed=self.model.embed_tokens.weight,
+            embed=None,
             gru_ih=self.prefix_gru.weight_ih_l0,
             gru_hh=self.prefix_gru.weight_hh_l0,
             proj0=self.embed_proj[0].weight,
             proj2=self.embed_proj[2].weight,
             pure_draft_prefix_len=self.pure_draft_prefix_len,
+            input_gate_table=input_gate_table(self.model.embed_tokens,
+                                              self.prefix_gru.weight_ih_l0,
+                                              self.config.vocab_size),
         )
-
-
-DRAFTER_ARCH = "DFlashDraftModel"
-
-
-def register_drafter_model() -> None:
-    """Point vLLM's ``DFlashDraftModel`` architecture at :class:`DARTreeDraftModel`.
-
-    For checkpoints without a Domino head the subclass is the stock model, so other DFlash
-    engines in this process behave as before.
-    """
-    from vllm import ModelRegistry
-
-    ModelRegistry.register_model(DRAFTER_ARCH, "vllm_dartree.integration.drafter_model:DARTreeDraftModel")

@@ -1,14 +1,13 @@
 """Tree verification in vLLM's Triton attention backend (GPU path).
 
-Patched symbols (vLLM 0.32/0.33, applied by :func:`register_tree_triton_attention` only when
-dartree is requested on a CUDA platform):
+Changes to vLLM (0.32/0.33), made only when dartree is requested on a CUDA platform:
 
-- ``AttentionBackendEnum.TRITON_ATTN`` in vLLM's backend registry
-  (``vllm.v1.attention.backends.registry.register_backend``) now names
+- ``AttentionBackendEnum.TRITON_ATTN`` in vLLM's backend registry names
+  (``activation.TritonTreeAttention``)
   :class:`TreeTritonAttentionBackend`, a subclass of
   ``vllm.v1.attention.backends.triton_attn.TritonAttentionBackend``. Its impl (a
   ``TritonAttentionImpl``) runs the stock kernel for every row; while a tree verify step is
-  active, the rows of tree requests are recomputed by ``csrc_triton.tree_attention`` over
+  active, the rows of tree requests are recomputed by ``vllm_dartree.kernels.tree_attention`` over
   the paged prefix plus each node's ancestors (packed bitmask) and written over the stock
   rows. Its metadata builder (a ``TritonAttentionMetadataBuilder``) declares no full CUDA
   graph support: a full-graph replay would skip the host-side tree recompute, so vLLM
@@ -20,7 +19,7 @@ KV layout (installed source): a layer's cache is the logical page view
 ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` (keys then values in the last
 dim, physical strides free); ``kv_cache.transpose(1, 2).split(head_size, -1)`` gives the
 ``[num_blocks, block_size, num_kv_heads, head_size]`` key and value views that the stock
-kernel and ``csrc_triton`` both take.
+kernel and ``vllm_dartree.kernels.tree_attention`` both take.
 """
 
 from __future__ import annotations
@@ -37,16 +36,17 @@ from vllm.v1.attention.backends.triton_attn import (
 )
 from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
-from csrc_triton.kv_compaction import copy_kv_slots
-from csrc_triton.tree_attention import tree_attention
-from vllm_dartree.integration.tree_context import active_step, step_cached
-from vllm_dartree.integration.verify import AcceptedPaths, VerifyStep, compaction_pairs
+from vllm_dartree.integration.refusals import refuse_layer
+from vllm_dartree.integration.tree_context import active_plan, step_cached
+from vllm_dartree.integration.verify_plan import AcceptedPaths, VerifyPlan, compaction_pairs
+from vllm_dartree.kernels.kv_compaction import cache_pointer_table, copy_kv_slots
+from vllm_dartree.kernels.tree_attention import tree_attention
 from vllm_dartree.tree import pack_bool_mask
 
 
 @dataclass
 class TreeKernelArgs:
-    """Per-step arguments of ``csrc_triton.tree_attention`` shared by every layer."""
+    """Per-step arguments of ``vllm_dartree.kernels.tree_attention`` shared by every layer."""
 
     block_table: torch.Tensor  # [T, max_blocks] the tree requests' block-table rows
     base: torch.Tensor  # [T] committed prefix length = position of the root
@@ -55,18 +55,18 @@ class TreeKernelArgs:
     root_row: torch.Tensor  # [T] flattened query row of the root
 
 
-def tree_kernel_args(step: VerifyStep, seq_lens: torch.Tensor, block_table: torch.Tensor
+def tree_kernel_args(plan: VerifyPlan, seq_lens: torch.Tensor, block_table: torch.Tensor
                      ) -> TreeKernelArgs:
     """Kernel arguments from the verify layout and vLLM's per-request ``seq_lens`` (prefix
     + root + scheduled nodes) and block table (both indexed by batch position)."""
-    index = step.batch_index.to(seq_lens.device)
-    num_rows = 1 + step.num_drafts
+    index = plan.batch_index.to(seq_lens.device)
+    num_rows = 1 + plan.num_drafts
     return TreeKernelArgs(
         block_table=block_table[index].contiguous(),
         base=seq_lens[index].to(torch.int64) - num_rows,
-        ancestor_bits=pack_bool_mask(step.ancestors),
+        ancestor_bits=pack_bool_mask(plan.ancestors),
         num_rows=num_rows,
-        root_row=step.root_row,
+        root_row=plan.root_row,
     )
 
 
@@ -84,12 +84,9 @@ def split_kv_cache(kv_cache: torch.Tensor, head_size: int
 class TreeTritonAttentionImpl(TritonAttentionImpl):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        refuse_layer(self, "Triton")  # before weights load; refusals.py checked the config
         head = self.head_size
         unsupported = {
-            "sliding_window": self.sliding_window != (-1, -1),
-            "alibi_slopes": self.alibi_slopes is not None,
-            "logits_soft_cap": bool(self.logits_soft_cap),
-            "sinks": self.sinks is not None,
             "quantized kv cache": is_quantized_kv_cache(self.kv_cache_dtype),
             "chunk_lookback": self.chunk_lookback != -1,
             "non-decoder attention": self.attn_type != AttentionType.DECODER,
@@ -101,9 +98,8 @@ class TreeTritonAttentionImpl(TritonAttentionImpl):
                 output_scale=None, output_block_scale=None):
         output = super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                  output_scale, output_block_scale)
-        step = active_step()
-        if (step is None or attn_metadata is None or step.num_requests == 0
-                or getattr(layer, "is_draft_layer", False)):
+        plan = active_plan()
+        if plan is None or attn_metadata is None or getattr(layer, "is_draft_layer", False):
             return output
         unsupported = self._tree_unsupported + (["fused output quantization"]
                                                 if output_scale is not None else [])
@@ -111,8 +107,8 @@ class TreeTritonAttentionImpl(TritonAttentionImpl):
             raise NotImplementedError(
                 f"dartree tree verification on the Triton backend does not support "
                 f"{unsupported}")
-        args = step_cached(("triton", id(step), id(attn_metadata.block_table)),
-                           lambda: tree_kernel_args(step, attn_metadata.seq_lens,
+        args = step_cached(("triton", id(plan), id(attn_metadata.block_table)),
+                           lambda: tree_kernel_args(plan, attn_metadata.seq_lens,
                                                     attn_metadata.block_table))
         key_cache, value_cache = split_kv_cache(kv_cache, self.head_size)
         shape = (query.shape[0], self.num_heads, self.head_size)
@@ -139,20 +135,10 @@ class TreeTritonAttentionBackend(TritonAttentionBackend):
         return TreeTritonAttentionMetadataBuilder
 
 
-def register_tree_triton_attention() -> None:
-    from vllm.v1.attention import selector
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
-
-    register_backend(AttentionBackendEnum.TRITON_ATTN,
-                     f"{__name__}.{TreeTritonAttentionBackend.__name__}")
-    # The resolved backend class is cached per process; drop any stock entry.
-    selector._cached_get_attn_backend.cache_clear()
-
-
 def select_triton_backend(engine_args) -> None:
     """Make the engine use TRITON_ATTN: set it when the user chose no backend, refuse a
-    different choice (only this backend carries the tree mask on GPUs) and a quantized KV
-    cache, before any weight is loaded."""
+    different choice (only this backend carries the tree mask on GPUs), before any weight
+    is loaded."""
     from vllm.config.attention import AttentionConfig
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
@@ -173,26 +159,32 @@ def select_triton_backend(engine_args) -> None:
             raise DARTreeConfigError(
                 f"engine key {field!r} = {backend.name} cannot verify dartree trees on GPUs; "
                 f"leave it unset or use TRITON_ATTN (or use speculative_config tree 'chain')")
-    kv_dtype = str(getattr(engine_args, "kv_cache_dtype", "auto"))
-    if is_quantized_kv_cache(kv_dtype):  # the tree kernel reads unscaled K/V
-        raise DARTreeConfigError(
-            f"engine key 'kv_cache_dtype' = {kv_dtype!r} is not supported by dartree tree "
-            "attention; use 'auto', 'float16' or 'bfloat16' (or speculative_config tree "
-            "'chain')")
     if all(backend is None for backend in chosen.values()):
         engine_args.attention_backend = wanted
 
 
-def compact_kv_caches(target_kv: list[tuple[torch.Tensor, str, torch.Tensor]],
-                      accepted: AcceptedPaths) -> None:
-    """Move the accepted path's KV to consecutive slots in every target layer, with one
-    Triton launch per group of layers that share a slot mapping and page layout."""
-    groups: dict[tuple, tuple[torch.Tensor, list[torch.Tensor]]] = {}
-    for kv_cache, _isa, slot_mapping in target_kv:
-        # [blocks, block_size, kv_heads, 2 * head]: a slot's keys and values move together.
-        cache = kv_cache.transpose(1, 2)
-        key = (id(slot_mapping), tuple(cache.shape), cache.stride(), cache.dtype)
-        groups.setdefault(key, (slot_mapping, []))[1].append(cache)
-    for slot_mapping, caches in groups.values():
-        src, dst = compaction_pairs(accepted, slot_mapping)
-        copy_kv_slots(caches, src, dst)
+class GpuKvMover:
+    """Moves the accepted path's KV to consecutive slots in every target layer, with one
+    Triton launch per group of layers that share a slot mapping and page layout. The
+    device table of the group's cache pointers is built once per group, not per step."""
+
+    def __init__(self) -> None:
+        self._pointer_tables: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def __call__(self, accepted: AcceptedPaths,
+                 kv_caches: list[tuple[torch.Tensor, str, torch.Tensor]]) -> None:
+        groups: dict[tuple, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+        for kv_cache, _isa, slot_mapping in kv_caches:
+            # [blocks, block_size, kv_heads, 2 * head]: a slot's keys and values move together.
+            cache = kv_cache.transpose(1, 2)
+            key = (id(slot_mapping), tuple(cache.shape), cache.stride(), cache.dtype)
+            groups.setdefault(key, (slot_mapping, []))[1].append(cache)
+        for slot_mapping, caches in groups.values():
+            src, dst = compaction_pairs(accepted, slot_mapping)
+            copy_kv_slots(caches, src, dst, self._pointer_table(caches))
+
+    def _pointer_table(self, caches: list[torch.Tensor]) -> torch.Tensor:
+        key = tuple(cache.data_ptr() for cache in caches)  # host metadata: no sync
+        if key not in self._pointer_tables:
+            self._pointer_tables[key] = cache_pointer_table(caches)
+        return self._pointer_tables[key]

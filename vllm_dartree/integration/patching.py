@@ -1,10 +1,21 @@
-"""Declarative monkeypatches: each one names its target, refuses double patching and logs."""
+"""Declared changes to vLLM: each names its target and the releases it was checked against,
+refuses to apply twice and logs what it replaced.
+
+Kinds: :class:`VllmPatch` replaces an attribute of a vLLM module or class;
+:class:`BackendOverride` points one of vLLM's attention-backend registry entries at our
+subclass; :class:`ArchitectureOverride` points a model-registry architecture at our model;
+:class:`ModuleGlobalSwap` replaces a module global only inside a ``with`` block;
+:class:`EnvironmentSetting` sets a variable that engine processes spawned later inherit.
+``activation.dartree_touchpoints()`` is the one list of them that activation applies.
+"""
 
 from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from vllm_dartree.integration.touchpoints import CHECKED_RELEASES, CHECKED_TEXT
@@ -17,31 +28,26 @@ SUPPORTED_VLLM = tuple(sorted({tuple(int(p) for p in r.version.split(".")[:2])
 SUPPORTED_VLLM_TEXT = CHECKED_TEXT
 
 
-class VllmPatch:
-    """Replace ``attribute`` of the object at dotted path ``target`` with :meth:`replacement`.
+def resolve(path: str) -> Any:
+    """The object at ``module:Qual.name`` (or a plain module path)."""
+    module_path, _, rest = path.partition(":")
+    obj: Any = importlib.import_module(module_path)
+    for part in filter(None, rest.split(".")):
+        obj = getattr(obj, part)
+    return obj
 
-    Subclasses set ``target``, ``attribute`` and implement ``replacement(original)``.
-    ``apply`` stores the original so ``revert`` (tests) can restore it.
-    """
 
-    target: ClassVar[str]
-    attribute: ClassVar[str]
+class TouchPoint:
+    """One declared change to vLLM's state (subclasses say what and where)."""
+
     vllm_versions: ClassVar[str] = SUPPORTED_VLLM_TEXT
-    _original: ClassVar[Any] = None
-    _applied: ClassVar[bool] = False
     log_level: ClassVar[int] = logging.INFO
+    _applied: ClassVar[bool] = False
 
     @classmethod
-    def resolve_target(cls) -> Any:
-        module_path, _, rest = cls.target.partition(":")
-        obj: Any = importlib.import_module(module_path)
-        for part in filter(None, rest.split(".")):
-            obj = getattr(obj, part)
-        return obj
-
-    @classmethod
-    def replacement(cls, original: Callable[..., Any]) -> Any:
-        raise NotImplementedError
+    def applies_here(cls) -> bool:
+        """Whether activation applies it on this platform (default: everywhere)."""
+        return True
 
     @classmethod
     def is_applied(cls) -> bool:
@@ -51,7 +57,52 @@ class VllmPatch:
     def apply(cls) -> None:
         if cls._applied:
             raise RuntimeError(f"{cls.__name__} is already applied to {cls.describe()}")
-        host = cls.resolve_target()
+        replaced = cls._apply()
+        cls._applied = True
+        logger.log(cls.log_level, "vllm-dartree: %s replaced %s (was %s)", cls.__name__,
+                   cls.describe(), replaced)
+
+    @classmethod
+    def revert(cls) -> None:
+        if cls._applied:
+            cls._revert()
+            cls._applied = False
+
+    @classmethod
+    def describe(cls) -> str:
+        raise NotImplementedError
+
+    @classmethod
+    def changes(cls) -> set[tuple[str, str]]:
+        """What this touch-point changes, as (owner, key) pairs: an attribute of a vLLM
+        module or class (``"module:Class"``, name), a registry entry or an environment
+        variable. ``tests/integration/test_touchpoints.py`` compares them with what
+        activation really changes."""
+        raise NotImplementedError
+
+    @classmethod
+    def _apply(cls) -> str:
+        raise NotImplementedError
+
+    @classmethod
+    def _revert(cls) -> None:
+        raise NotImplementedError
+
+
+class VllmPatch(TouchPoint):
+    """Replace ``attribute`` of the object at ``target`` with :meth:`replacement`."""
+
+    target: ClassVar[str]
+    attribute: ClassVar[str]
+    _original: ClassVar[Any] = None
+
+    @classmethod
+    def replacement(cls, original: Callable[..., Any]) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def _apply(cls) -> str:
+        host = resolve(cls.target)
         original = host.__dict__.get(cls.attribute, getattr(host, cls.attribute))
         if getattr(original, "__dartree_patch__", None) is not None:
             raise RuntimeError(f"{cls.describe()} is already patched by vllm-dartree")
@@ -59,23 +110,172 @@ class VllmPatch:
         try:
             new.__dartree_patch__ = cls.__name__
         except (AttributeError, TypeError):
-            pass  # classmethod/staticmethod wrappers take no attributes; _applied still guards.
+            pass  # property/classmethod wrappers take no attributes; _applied still guards.
         setattr(host, cls.attribute, new)
         cls._original = original
-        cls._applied = True
-        logger.log(cls.log_level, "vllm-dartree: %s replaced %s", cls.__name__, cls.describe())
+        return _short(original)
 
     @classmethod
-    def revert(cls) -> None:
-        if not cls._applied:
-            return
-        setattr(cls.resolve_target(), cls.attribute, cls._original)
+    def _revert(cls) -> None:
+        setattr(resolve(cls.target), cls.attribute, cls._original)
         cls._original = None
-        cls._applied = False
 
     @classmethod
     def describe(cls) -> str:
         return f"{cls.target.replace(':', '.')}.{cls.attribute} (vLLM {cls.vllm_versions})"
+
+    @classmethod
+    def changes(cls) -> set[tuple[str, str]]:
+        return {(cls.target, cls.attribute)}
+
+
+class BackendOverride(TouchPoint):
+    """Point vLLM's attention-backend registry entry ``backend`` at ``class_path``.
+
+    vLLM's public ``register_backend``; the resolved class is also cached per process in the
+    private ``vllm.v1.attention.selector._cached_get_attn_backend``, cleared here so that an
+    engine built before activation does not leave the stock class in it.
+    """
+
+    backend: ClassVar[str]  # AttentionBackendEnum member name
+    class_path: ClassVar[str]
+    _previous: ClassVar[str | None] = None
+
+    @classmethod
+    def _apply(cls) -> str:
+        from vllm.v1.attention import selector
+        from vllm.v1.attention.backends import registry
+
+        member = registry.AttentionBackendEnum[cls.backend]
+        cls._previous = registry._ATTN_OVERRIDES.get(member)
+        registry.register_backend(member, cls.class_path)
+        selector._cached_get_attn_backend.cache_clear()
+        return cls._previous or member.value
+
+    @classmethod
+    def _revert(cls) -> None:
+        from vllm.v1.attention import selector
+        from vllm.v1.attention.backends import registry
+
+        member = registry.AttentionBackendEnum[cls.backend]
+        if cls._previous is None:
+            registry._ATTN_OVERRIDES.pop(member, None)
+        else:
+            registry._ATTN_OVERRIDES[member] = cls._previous
+        selector._cached_get_attn_backend.cache_clear()
+
+    @classmethod
+    def describe(cls) -> str:
+        return f"attention backend {cls.backend} -> {cls.class_path} (vLLM {cls.vllm_versions})"
+
+    @classmethod
+    def changes(cls) -> set[tuple[str, str]]:
+        return {("vllm.v1.attention.backends.registry:_ATTN_OVERRIDES", cls.backend)}
+
+
+class ArchitectureOverride(TouchPoint):
+    """Point vLLM's model-registry architecture ``architecture`` at ``model_path``."""
+
+    architecture: ClassVar[str]
+    model_path: ClassVar[str]  # "module:Class"
+    _previous: ClassVar[Any] = None
+
+    @classmethod
+    def _apply(cls) -> str:
+        from vllm import ModelRegistry
+
+        cls._previous = ModelRegistry.models.get(cls.architecture)
+        ModelRegistry.register_model(cls.architecture, cls.model_path)
+        return _short(cls._previous)
+
+    @classmethod
+    def _revert(cls) -> None:
+        from vllm import ModelRegistry
+
+        if cls._previous is None:
+            ModelRegistry.models.pop(cls.architecture, None)
+        else:
+            ModelRegistry.models[cls.architecture] = cls._previous
+
+    @classmethod
+    def describe(cls) -> str:
+        return (f"model architecture {cls.architecture} -> {cls.model_path} "
+                f"(vLLM {cls.vllm_versions})")
+
+    @classmethod
+    def changes(cls) -> set[tuple[str, str]]:
+        return {("vllm:ModelRegistry.models", cls.architecture)}
+
+
+class ModuleGlobalSwap(TouchPoint):
+    """A module global replaced only inside :meth:`swapped` (applying it changes nothing:
+    it declares the swap that another touch-point performs while it runs)."""
+
+    target: ClassVar[str]  # "module"
+    attribute: ClassVar[str]
+
+    @classmethod
+    @contextmanager
+    def swapped(cls, value: Any) -> Iterator[None]:
+        module = resolve(cls.target)
+        stock = getattr(module, cls.attribute)
+        setattr(module, cls.attribute, value)
+        try:
+            yield
+        finally:
+            setattr(module, cls.attribute, stock)
+
+    @classmethod
+    def _apply(cls) -> str:
+        return "nothing until swapped"
+
+    @classmethod
+    def _revert(cls) -> None:
+        pass
+
+    @classmethod
+    def describe(cls) -> str:
+        return (f"{cls.target}.{cls.attribute}, only while a dartree runner is built "
+                f"(vLLM {cls.vllm_versions})")
+
+    @classmethod
+    def changes(cls) -> set[tuple[str, str]]:
+        return set()
+
+
+class EnvironmentSetting(TouchPoint):
+    """An environment variable set for this process and the engine processes it spawns."""
+
+    variable: ClassVar[str]
+    value: ClassVar[str]
+    _previous: ClassVar[str | None] = None
+
+    @classmethod
+    def _apply(cls) -> str:
+        cls._previous = os.environ.get(cls.variable)
+        os.environ[cls.variable] = cls.value
+        return repr(cls._previous)
+
+    @classmethod
+    def _revert(cls) -> None:
+        if cls._previous is None:
+            os.environ.pop(cls.variable, None)
+        else:
+            os.environ[cls.variable] = cls._previous
+
+    @classmethod
+    def describe(cls) -> str:
+        return f"environment {cls.variable}={cls.value}"
+
+    @classmethod
+    def changes(cls) -> set[tuple[str, str]]:
+        return {("os.environ", cls.variable)}
+
+
+def _short(value: Any) -> str:
+    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+    module = getattr(value, "__module__", None)
+    return f"{module}.{name}" if name and module else repr(value)[:80]
 
 
 def installed_vllm_version() -> str:

@@ -1,59 +1,64 @@
-"""Patches on vLLM's V1 model runner (``vllm.v1.worker.gpu_model_runner.GPUModelRunner``,
-vLLM 0.32/0.33; the CPU runner subclasses it). Each wrapper acts only when the runner's
-drafter is a :class:`DARTreeProposer`; for every other engine it calls the original.
+"""The runner patches: thin delegations from vLLM's V1 model runner to the engine's
+:class:`~vllm_dartree.integration.step.TreeStep` (``vllm.v1.worker.gpu_model_runner.
+GPUModelRunner``, vLLM 0.32/0.33; the CPU runner subclasses it).
+
+Each wrapper acts only on a runner that ``ProposerSwap`` gave a tree step; for every other
+engine it calls the original. They translate vLLM's objects (scheduler output, spec-decode
+metadata, forward context, sampler output) into the step's plain arguments and back.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
-from vllm_dartree.integration.patching import VllmPatch
+from vllm_dartree.integration.patching import ModuleGlobalSwap, VllmPatch
 from vllm_dartree.integration.proposer import DARTreeProposer, dartree_settings
-from vllm_dartree.integration.tree_context import tree_verify
-from vllm_dartree.integration.verify import (
-    batch_needs_chain,
-    build_verify_step,
-    chain_tree,
-    depth_positions,
-    row_of,
-)
+from vllm_dartree.integration.step import TreeStep
+from vllm_dartree.integration.verifier import TreeVerifier
+from vllm_dartree.integration.verify_plan import needs_chain_verification
 
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+STEP_ATTR = "dartree_step"  # the TreeStep of a dartree runner
 
 
-def _dartree_drafter(runner) -> DARTreeProposer | None:
-    drafter = getattr(runner, "drafter", None)
-    return drafter if isinstance(drafter, DARTreeProposer) else None
+def tree_step_of(runner) -> TreeStep | None:
+    return getattr(runner, STEP_ATTR, None)
+
+
+class DFlashProposerGlobal(ModuleGlobalSwap):
+    """The runner module's ``DFlashProposer`` global, read by ``GPUModelRunner.__init__``."""
+
+    target = "vllm.v1.worker.gpu_model_runner"
+    attribute = "DFlashProposer"
 
 
 class ProposerSwap(VllmPatch):
-    """Build ``DARTreeProposer`` where the runner builds ``DFlashProposer`` for dartree."""
+    """Build ``DARTreeProposer`` where the runner builds ``DFlashProposer`` for dartree, and
+    give the runner its tree step."""
 
     target = RUNNER
     attribute = "__init__"
 
     @classmethod
     def replacement(cls, original):
-        import vllm.v1.worker.gpu_model_runner as runner_module
-
         @functools.wraps(original)
         def __init__(self, vllm_config, *args, **kwargs):
             if dartree_settings(vllm_config) is None:
                 return original(self, vllm_config, *args, **kwargs)
-            stock = runner_module.DFlashProposer
-            runner_module.DFlashProposer = DARTreeProposer  # only while this runner is built
-            try:
+            with DFlashProposerGlobal.swapped(DARTreeProposer):
                 original(self, vllm_config, *args, **kwargs)
-            finally:
-                runner_module.DFlashProposer = stock
+            step = TreeStep(self.drafter.budget, self.device, TreeVerifier(), kv_mover(self))
+            setattr(self, STEP_ATTR, step)
+            self.drafter.tree_step = step
 
         return __init__
 
 
 class VerifyLayout(VllmPatch):
-    """After vLLM lays out the step's tokens, describe the trees being verified."""
+    """After vLLM lays out the step's tokens: plan the tree verification."""
 
     target = RUNNER
     attribute = "_prepare_inputs"
@@ -61,45 +66,24 @@ class VerifyLayout(VllmPatch):
     @classmethod
     def replacement(cls, original):
         @functools.wraps(original)
-        def _prepare_inputs(self, scheduler_output, num_scheduled_tokens_np, *args, **kwargs):
-            result = original(self, scheduler_output, num_scheduled_tokens_np, *args, **kwargs)
-            drafter = _dartree_drafter(self)
-            if drafter is not None:
-                drafter.verify = plan_verify(self, drafter, scheduler_output,
-                                             num_scheduled_tokens_np, result[1])
+        def _prepare_inputs(self, scheduler_output, num_scheduled_tokens, *args, **kwargs):
+            result = original(self, scheduler_output, num_scheduled_tokens, *args, **kwargs)
+            step = tree_step_of(self)
+            if step is not None:
+                spec = result[1]  # SpecDecodeMetadata, None for a step without drafts
+                req_ids = list(self.input_batch.req_ids)
+                step.plan(req_ids, None if spec is None else list(spec.num_draft_tokens),
+                          num_scheduled_tokens, scheduler_output.scheduled_spec_decode_tokens,
+                          verify_as_chain=batch_reads_drafted_prefix(self, req_ids))
             return result
 
         return _prepare_inputs
 
 
-def plan_verify(runner, drafter: DARTreeProposer, scheduler_output, num_scheduled, spec_meta):
-    """The VerifyStep for this step, or None for a plain chain step."""
-    proposed, drafter.proposed = drafter.proposed, None
-    if spec_meta is None:
-        return None
-    req_ids = runner.input_batch.req_ids[: len(spec_meta.num_draft_tokens)]
-    if batch_needs_chain(runner, req_ids):
-        return None
-    ends = num_scheduled.cumsum()
-    trees, batch_index, root_row, num_drafts = [], [], [], []
-    device = runner.device
-    for i, (req_id, drafts) in enumerate(zip(req_ids, spec_meta.num_draft_tokens)):
-        if drafts == 0:
-            continue
-        row = None if proposed is None else proposed.row_of_request.get(req_id)
-        if row is None:  # drafts that are not from a tree this proposer built: a chain
-            tokens = scheduler_output.scheduled_spec_decode_tokens.get(req_id, [])
-            padded = (list(tokens) + [0] * drafter.budget)[: drafter.budget]
-            tree = chain_tree(torch.tensor([padded], device=device))
-        else:
-            tree = row_of(proposed.tree, row)
-        trees.append(tree)
-        batch_index.append(i)
-        root_row.append(int(ends[i]) - drafts - 1)
-        num_drafts.append(drafts)
-    if not trees:
-        return None
-    return build_verify_step(trees, batch_index, root_row, num_drafts, device)
+def batch_reads_drafted_prefix(runner, req_ids: list[str]) -> bool:
+    """Whether some request's sampling reads the drafted prefix (vLLM verifies it as a chain)."""
+    return any(needs_chain_verification(getattr(runner.requests.get(r), "sampling_params",
+                                                None)) for r in req_ids)
 
 
 class DepthPositions(VllmPatch):
@@ -112,35 +96,26 @@ class DepthPositions(VllmPatch):
     def replacement(cls, original):
         @functools.wraps(original)
         def _model_forward(self, *args, **kwargs):
-            drafter = _dartree_drafter(self)
-            step = None if drafter is None else drafter.verify
-            positions = kwargs.get("positions")
-            if step is None or positions is None:
+            step = tree_step_of(self)
+            if step is None:
                 return original(self, *args, **kwargs)
-            drafter.target_kv = target_kv_caches()
-            rows = step.node_rows[step.node_in_batch]
-            sequential = positions[rows].clone()
-            # In place: CUDA-graph replays read this buffer; restored before anyone else
-            # (the drafter, the sampler) reads positions again.
-            positions[rows] = depth_positions(step, positions)
-            try:
-                with tree_verify(step):
-                    return original(self, *args, **kwargs)
-            finally:
-                positions[rows] = sequential
+            with step.target_forward(kwargs.get("positions"), target_kv_caches(self)):
+                return original(self, *args, **kwargs)
 
         return _model_forward
 
 
-def target_kv_caches():
-    """(kv cache, isa, slot mapping) of every attention layer in the current target forward."""
+def target_kv_caches(runner) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
+    """(kv cache, isa, slot mapping) of every target attention layer in the forward in
+    progress; the drafter's layers share the KV group but not the tree, so they are left out."""
     from vllm.forward_context import get_forward_context
 
     context = get_forward_context()
+    drafter_layers = getattr(runner.drafter, "_draft_attn_layer_names", set())
     found = []
-    for name, metadata in context.attn_metadata.items():
+    for name, metadata in (context.attn_metadata or {}).items():
         layer = context.no_compile_layers.get(name)
-        if layer is None or metadata is None:
+        if layer is None or metadata is None or name in drafter_layers:
             continue
         kv_cache = layer.kv_cache
         if isinstance(kv_cache, (list, tuple)):  # one entry per virtual engine in older vLLM
@@ -149,24 +124,39 @@ def target_kv_caches():
     return found
 
 
+def kv_mover(runner) -> Any:
+    """The KV compaction of this platform's page layout: a Triton kernel per layer group on
+    CUDA, vLLM's packed CPU layout element by element otherwise."""
+    if torch.device(runner.device).type == "cuda":
+        from vllm_dartree.integration.gpu_attention import GpuKvMover
+
+        return GpuKvMover()
+    from vllm_dartree.integration.cpu_attention import move_accepted_kv
+
+    return move_accepted_kv
+
+
 class TreeSampler(VllmPatch):
-    """Accept tree steps with the proposer's tree walk instead of vLLM's chain sampler."""
+    """Accept tree steps with the tree verifier instead of vLLM's chain sampler."""
 
     target = RUNNER
     attribute = "_sample"
 
     @classmethod
     def replacement(cls, original):
+        from vllm.v1.outputs import SamplerOutput
+
         @functools.wraps(original)
         def _sample(self, logits, spec_decode_metadata):
-            drafter = _dartree_drafter(self)
-            if drafter is None or spec_decode_metadata is None or drafter.verify is None:
-                if drafter is not None:
-                    drafter.verify = None
+            step = tree_step_of(self)
+            if step is None or spec_decode_metadata is None:
                 return original(self, logits, spec_decode_metadata)
             self.input_batch.update_async_output_token_ids()
-            return drafter.sample_tree(logits, spec_decode_metadata,
-                                       self.input_batch.sampling_metadata)
+            sampled = step.accept(logits, self.input_batch.sampling_metadata,
+                                  spec_decode_metadata.max_spec_len)
+            if sampled is None:  # a step vLLM verifies itself
+                return original(self, logits, spec_decode_metadata)
+            return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
 
         return _sample
 

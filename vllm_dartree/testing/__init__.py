@@ -1,1 +1,2 @@
-"""Helpers shared by the tests, the demo and the benchmarks (no vLLM import here)."""
+"""Helpers for the test suite only. Nothing outside ``vllm_dartree/testing/`` and ``tests/``
+imports this package (``tests/integration/test_layering.py`` checks it)."""

@@ -187,7 +187,7 @@ def _generate_chunks(cfg: GenerationConfig, prompts: Sequence[Sequence[int]],
                      missing: list[int], out: Path, log) -> None:
     from vllm import SamplingParams
 
-    from vllm_dartree.testing.engine import build_llm, generate_ids, shutdown_llm
+    from vllm_dartree.harness.engine import build_llm, generate_ids, shutdown_llm
 
     # Bind vLLM's OpenMP threads to every CPU this process may use, instead of whatever
     # its "auto" policy picks (it may pick one core per SMT pair; costly on 2 vCPUs).

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm_dartree.testing.tiny_models import DrafterSpec, TargetSpec, drafter_config
+from vllm_dartree.models.tiny import DrafterSpec, TargetSpec, drafter_config
 from vllm_dartree.tree.correction import DominoHead
 
 IGNORE_INDEX = -100
@@ -60,7 +60,7 @@ class DrafterArch:
     max_position_embeddings: int = 2048
 
     def to_config(self, dtype: str = "float32") -> dict[str, Any]:
-        """``config.json`` in the released Domino format (``tiny_models.drafter_config``)."""
+        """``config.json`` in the released Domino format (``models.tiny.drafter_config``)."""
         target = TargetSpec(
             vocab_size=self.vocab_size, hidden_size=self.hidden_size,
             intermediate_size=self.intermediate_size,

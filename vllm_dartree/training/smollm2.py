@@ -376,8 +376,8 @@ def stage_eval(cfg: RecipeConfig, model: Path, max_new_tokens: int = 64) -> str:
 # ------------------------------------------------------------------------------- main
 def run(cfg: RecipeConfig, stages: Sequence[str] = STAGES[:3],
         export_to: str | None = None) -> Path | None:
+    from vllm_dartree.harness.engine import prepare_process
     from vllm_dartree.models.smollm2 import ensure_smollm2
-    from vllm_dartree.testing.engine import prepare_process
     from vllm_dartree.training.train import check_autocast
 
     check_autocast(cfg.autocast, "cpu")  # before 40 minutes of data stages, not after

@@ -279,8 +279,8 @@ class Batches:
 
 
 def training_prompts(cfg: TrainConfig, vocab_size: int, mask_id: int) -> list[list[int]]:
-    """Random token prompts (never eos id 0 or the mask id), like tiny_models.random_prompts."""
-    from vllm_dartree.testing.tiny_models import random_prompts
+    """Random token prompts (never eos id 0 or the mask id), like models.tiny.random_prompts."""
+    from vllm_dartree.models.tiny import random_prompts
 
     prompts = random_prompts(cfg.num_sequences, vocab_size, seed=cfg.seed + 7919,
                              min_len=cfg.prompt_min_len, max_len=cfg.prompt_max_len)

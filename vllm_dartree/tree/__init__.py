@@ -1,18 +1,31 @@
 """Pure-torch draft-tree core: tree tensors, Domino correction head, builders, acceptance."""
 
-from vllm_dartree.tree.accept import AcceptResult, accept_tree, race_sample, sample_every_node
+from vllm_dartree.tree.accept import AcceptResult, accept_tree
 from vllm_dartree.tree.build import VARIANTS, build_tree, stable_topk
 from vllm_dartree.tree.correction import DominoHead
+from vllm_dartree.tree.sampling import (
+    GREEDY_TEMPERATURE,
+    choose_tokens,
+    filter_top_k_top_p,
+    race_sample,
+    sample_every_node,
+)
 from vllm_dartree.tree.types import (
     DraftTree,
     ancestor_mask,
+    chain_tree,
     pack_bool_mask,
     packed_ancestor_mask,
+    select_requests,
+    stack_trees,
+    truncate,
     verify_positions,
     verify_tokens,
+    verify_visibility,
 )
 
 __all__ = [
+    "GREEDY_TEMPERATURE",
     "VARIANTS",
     "AcceptResult",
     "DominoHead",
@@ -20,11 +33,18 @@ __all__ = [
     "accept_tree",
     "ancestor_mask",
     "build_tree",
+    "chain_tree",
+    "choose_tokens",
+    "filter_top_k_top_p",
     "pack_bool_mask",
     "packed_ancestor_mask",
     "race_sample",
     "sample_every_node",
+    "select_requests",
     "stable_topk",
+    "stack_trees",
+    "truncate",
     "verify_positions",
     "verify_tokens",
+    "verify_visibility",
 ]

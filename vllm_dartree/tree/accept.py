@@ -7,45 +7,11 @@ of the drafter outputs: the emitted tokens are exactly what the target would sam
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
 from vllm_dartree.tree.types import DraftTree
-
-GREEDY_TEMPERATURE = 1e-5
-
-
-@torch.no_grad()
-def sample_every_node(
-    logits: torch.Tensor,
-    temperature: torch.Tensor,
-    generators: dict[int, torch.Generator] | None = None,
-) -> torch.Tensor:
-    """logits [R, 1+B, V], temperature [R] -> one target token per node [R, 1+B] int64.
-
-    Rows with temperature < 1e-5 take the argmax. Others sample softmax(logits / T) with
-    the exponential race argmax(p / q), q ~ Exp(1); request r draws its noise from
-    ``generators[r]`` when present (per-request seeds), else from the default RNG.
-    """
-    greedy = temperature < GREEDY_TEMPERATURE
-    safe_temperature = torch.where(greedy, torch.ones_like(temperature), temperature)
-    probs = torch.softmax(logits.float() / safe_temperature.float().view(-1, 1, 1), dim=-1)
-    sampled = race_sample(probs, (generators or {}).items())
-    return torch.where(greedy.view(-1, 1), logits.argmax(dim=-1), sampled)
-
-
-def race_sample(probs: torch.Tensor,
-                generators: Iterable[tuple[int | slice, torch.Generator]] = ()) -> torch.Tensor:
-    """probs [..., V] -> one index per row, drawn from probs: the exponential race
-    argmax(p / q), q ~ Exp(1). For each ``(rows, generator)`` pair, ``probs[rows]`` draws its
-    noise from that generator (a request's own seed); every other row from the default RNG.
-    (Pairs, not a dict: slices are unhashable before Python 3.12.)"""
-    noise = torch.empty_like(probs).exponential_()
-    for rows, generator in generators:
-        noise[rows].exponential_(generator=generator)
-    return (probs / noise).argmax(dim=-1)
 
 
 @dataclass

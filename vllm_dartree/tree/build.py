@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from csrc_triton.topb import select_top_b
+from vllm_dartree.kernels.topb import select_top_b
 from vllm_dartree.tree.correction import DominoHead
-from vllm_dartree.tree.graphs import CorrectionGraphs
+from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size
 from vllm_dartree.tree.types import DraftTree, padded_tree
 
 VARIANTS = ("chain", "ddtree", "fixed", "pruned", "sequential")
@@ -67,20 +67,47 @@ def build_tree(
         return build_argmax_chain(base_logits, root_tokens, budget=budget)
     candidates = prepare_candidates(base_logits, draft_hidden, head, top_k)
     depths = base_logits.shape[1]
-    if variant == "chain":
-        quotas = capacity_limited([1] * min(depths, budget), top_k)
-        return supertree_to_tree(grow_supertree(candidates, head, root_tokens, quotas, graphs),
-                                 root_tokens, budget, depths)
-    if variant == "fixed":
-        quotas = fixed_quotas(budget, depths, top_k)
-        return supertree_to_tree(grow_supertree(candidates, head, root_tokens, quotas, graphs),
-                                 root_tokens, budget, depths)
+    if variant == "sequential":
+        return build_sequential(candidates, head, root_tokens, budget=budget,
+                                depth_bonus=depth_bonus)
+    quotas = depth_quotas(variant, depths, budget, top_k, width)
+    supertree = grow_supertree(candidates, head, root_tokens, quotas, graphs)
     if variant == "pruned":
-        quotas = capacity_limited([width] * depths, top_k)
-        supertree = grow_supertree(candidates, head, root_tokens, quotas, graphs)
         return prune_supertree(supertree, root_tokens, budget, depth_bonus, depths)
-    return build_sequential(candidates, head, root_tokens, budget=budget,
-                            depth_bonus=depth_bonus)
+    return supertree_to_tree(supertree, root_tokens, budget, depths)
+
+
+def depth_quotas(variant: str, num_depths: int, budget: int, top_k: int, width: int
+                 ) -> list[int]:
+    """Nodes kept per depth by the supertree of ``chain`` (with a head), ``fixed``, ``pruned``."""
+    if variant == "chain":
+        return capacity_limited([1] * min(num_depths, budget), top_k)
+    if variant == "fixed":
+        return fixed_quotas(budget, num_depths, top_k)
+    if variant == "pruned":
+        return capacity_limited([width] * num_depths, top_k)
+    raise ValueError(f"variant {variant!r} grows no supertree")
+
+
+def capture_all_shapes(graphs: CorrectionGraphs, variants: set[str], max_requests: int,
+                       num_depths: int, budget: int, top_k: int, width: int) -> None:
+    """Make every per-depth head call the builders can issue for 1..``max_requests``
+    requests once now, so that ``graphs`` holds (on CUDA: has captured) every shape before
+    serving starts instead of capturing mid-serving. Runs the real code path on zeros."""
+    head = graphs.head
+    device = head.proj0.device
+    requests = 1
+    while True:
+        for variant in sorted(variants & {"chain", "fixed", "pruned"}):
+            logits = torch.zeros(requests, num_depths, top_k, device=device)
+            hidden = torch.zeros(requests, num_depths, head.hidden_size, device=device)
+            roots = torch.zeros(requests, dtype=torch.int64, device=device)
+            candidates = prepare_candidates(logits, hidden, head, top_k)
+            grow_supertree(candidates, head, roots,
+                           depth_quotas(variant, num_depths, budget, top_k, width), graphs)
+        if requests >= max_requests:
+            return
+        requests = min(2 * requests, bucket_size(max_requests))
 
 
 # --------------------------------------------------------------------------- validation

@@ -7,17 +7,33 @@ is ``SiLU(proj0 . [z ; s]) . proj2^T`` with z the drafter hidden state of that s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 
+@torch.no_grad()
+def input_gate_table(embed_rows: Callable[[torch.Tensor], torch.Tensor], gru_ih: torch.Tensor,
+                     vocab_size: int, chunk: int = 8192) -> torch.Tensor:
+    """[V, 3G] = embed(v) . W_ih^T for every token v, ``chunk`` tokens at a time.
+
+    ``embed_rows(ids)`` returns the embedding rows of ``ids``: a tensor lookup, or an
+    embedding module whose forward gathers rows from a vocabulary-sharded table.
+    """
+    return torch.cat([embed_rows(torch.arange(start, min(start + chunk, vocab_size),
+                                              device=gru_ih.device)) @ gru_ih.T
+                      for start in range(0, vocab_size, chunk)])
+
+
 @dataclass
 class DominoHead:
     """Weights of a Domino head (names follow the checkpoint, shapes documented inline)."""
 
-    embed: torch.Tensor  # [V, H] the target's token embedding (GRU input)
+    # [V, H] the target's token embedding (GRU input); None when ``input_gate_table`` is given
+    # (a tensor-parallel engine holds only a shard of the embedding).
+    embed: torch.Tensor | None
     gru_ih: torch.Tensor  # [3G, H] nn.GRU weight_ih_l0, gate rows r, z, n
     gru_hh: torch.Tensor  # [3G, G] nn.GRU weight_hh_l0
     proj0: torch.Tensor  # [E, H+G] embed_proj.0; first H columns act on z, last G on s
@@ -28,8 +44,13 @@ class DominoHead:
     input_gate_table: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        hidden = self.embed.shape[1]
+        hidden = self.gru_ih.shape[1]
         state = self.gru_hh.shape[1]
+        if self.embed is None and self.input_gate_table is None:
+            raise ValueError("a DominoHead needs the embedding or its input_gate_table")
+        if self.embed is not None and self.embed.shape[1] != hidden:
+            raise ValueError(f"embed must be [V, H] with H = {hidden}, got "
+                             f"{list(self.embed.shape)}")
         if self.gru_ih.shape != (3 * state, hidden):
             raise ValueError(f"gru_ih must be [3G, H] = {[3 * state, hidden]}, got "
                              f"{list(self.gru_ih.shape)}")
@@ -40,16 +61,20 @@ class DominoHead:
             raise ValueError(f"proj2 must be [V, E] with E = {self.proj0.shape[0]}, got "
                              f"{list(self.proj2.shape)}")
         table = self.input_gate_table
-        if table is not None and table.shape != (self.embed.shape[0], 3 * state):
+        if table is not None and table.shape != (self.vocab_size, 3 * state):
             raise ValueError(f"input_gate_table must be [V, 3G] = "
-                             f"{[self.embed.shape[0], 3 * state]}, got {list(table.shape)}")
+                             f"{[self.vocab_size, 3 * state]}, got {list(table.shape)}")
         if self.pure_draft_prefix_len < 0:
             raise ValueError(f"pure_draft_prefix_len must be >= 0, got "
                              f"{self.pure_draft_prefix_len}")
 
     @property
     def hidden_size(self) -> int:
-        return self.embed.shape[1]
+        return self.gru_ih.shape[1]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.proj2.shape[0]
 
     @property
     def state_size(self) -> int:
@@ -91,9 +116,9 @@ class DominoHead:
 
     def with_input_gate_table(self, chunk: int = 8192) -> DominoHead:
         """A copy of the head with ``input_gate_table`` computed (once per model)."""
-        rows = [self.embed[start : start + chunk] @ self.gru_ih.T
-                for start in range(0, self.embed.shape[0], chunk)]
-        return replace(self, input_gate_table=torch.cat(rows))
+        table = input_gate_table(lambda ids: self.embed[ids], self.gru_ih, self.vocab_size,
+                                 chunk)
+        return replace(self, input_gate_table=table)
 
     def root_state(self, root_tokens: torch.Tensor) -> torch.Tensor:
         """[R] -> [R, G]: the state after consuming the root token from a zero state."""

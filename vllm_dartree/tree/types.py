@@ -48,6 +48,59 @@ class DraftTree:
         return torch.cat([root, self.parents], dim=1)
 
 
+def chain_tree(tokens: torch.Tensor) -> DraftTree:
+    """A chain over ``tokens`` [R, B]: node j's parent is node j-1 (drafts that come from no
+    tree, e.g. vLLM's own draft tokens, verify as this)."""
+    num_requests, budget = tokens.shape
+    device = tokens.device
+    index = torch.arange(budget, device=device).expand(num_requests, budget)
+    return DraftTree(
+        tokens=tokens.to(torch.int64),
+        parents=index.clone(),
+        depths=index + 1,
+        num_nodes=torch.full((num_requests,), budget, dtype=torch.int64, device=device),
+        valid=torch.ones(num_requests, budget, dtype=torch.bool, device=device),
+        scores=torch.zeros(num_requests, budget, device=device),
+        max_depth=budget,
+    )
+
+
+def stack_trees(trees: list[DraftTree]) -> DraftTree:
+    """Concatenate trees of the same budget along the request axis."""
+    return DraftTree(
+        tokens=torch.cat([t.tokens for t in trees]),
+        parents=torch.cat([t.parents for t in trees]),
+        depths=torch.cat([t.depths for t in trees]),
+        num_nodes=torch.cat([t.num_nodes for t in trees]),
+        valid=torch.cat([t.valid for t in trees]),
+        scores=torch.cat([t.scores for t in trees]),
+        max_depth=max(t.depth_limit for t in trees),
+    )
+
+
+def select_requests(tree: DraftTree, index: torch.Tensor) -> DraftTree:
+    """The trees of requests ``index`` [T] (a gather: any order, repeats allowed)."""
+    return DraftTree(tree.tokens[index], tree.parents[index], tree.depths[index],
+                     tree.num_nodes[index], tree.valid[index], tree.scores[index],
+                     tree.max_depth)
+
+
+def truncate(tree: DraftTree, num_drafts: torch.Tensor) -> DraftTree:
+    """Keep the first ``num_drafts[r]`` nodes of each tree (a topological prefix is still a
+    tree); the others become dummies (parent root, depth 1, invalid)."""
+    scheduled = torch.arange(tree.budget, device=num_drafts.device) < num_drafts.unsqueeze(1)
+    valid = tree.valid & scheduled
+    return DraftTree(
+        tokens=tree.tokens,
+        parents=torch.where(valid, tree.parents, torch.zeros_like(tree.parents)),
+        depths=torch.where(valid, tree.depths, torch.ones_like(tree.depths)),
+        num_nodes=valid.sum(dim=1),
+        valid=valid,
+        scores=tree.scores,
+        max_depth=tree.max_depth,
+    )
+
+
 def ancestor_mask(tree: DraftTree) -> torch.Tensor:
     """bool [R, 1+B, 1+B]: row i may attend column j iff j is i or an ancestor of i.
 
@@ -93,6 +146,24 @@ def verify_positions(tree: DraftTree, base_position: torch.Tensor) -> torch.Tens
     """[R, 1+B] positions of the verify tokens: root at ``base_position``, a node at +depth."""
     base = base_position.to(torch.int64).unsqueeze(1)
     return torch.cat([base, base + tree.depths], dim=1)
+
+
+def verify_visibility(ancestors: torch.Tensor, base: torch.Tensor, num_rows: torch.Tensor,
+                      num_keys: int) -> torch.Tensor:
+    """bool [R, 1+B, num_keys]: which key positions each verify row of request r attends.
+
+    Keys are the request's positions 0..num_keys-1. The committed prefix (positions <
+    ``base[r]``) is visible to every row; verify row j sits at position ``base[r] + j`` and
+    sees tree column i iff ``ancestors[r, j, i]``; positions >= ``base[r] + num_rows[r]``
+    (not scheduled) are hidden. ``ancestors`` is bool [R, 1+B, 1+B].
+    """
+    size = ancestors.shape[-1]
+    key_pos = torch.arange(num_keys, device=ancestors.device)
+    tree_col = key_pos.unsqueeze(0) - base.to(torch.int64).unsqueeze(1)  # [R, L]
+    in_tree = (tree_col >= 0) & (tree_col < num_rows.to(torch.int64).unsqueeze(1))
+    by_mask = ancestors.gather(2, tree_col.clamp(0, size - 1).unsqueeze(1)
+                               .expand(-1, size, -1))  # [R, 1+B, L]
+    return torch.where(in_tree.unsqueeze(1), by_mask, (tree_col < 0).unsqueeze(1))
 
 
 def verify_tokens(tree: DraftTree, root_tokens: torch.Tensor) -> torch.Tensor:

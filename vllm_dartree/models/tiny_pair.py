@@ -1,6 +1,6 @@
 """A tiny target and a Domino drafter really trained on it, cached for the end-to-end tests.
 
-The random tiny targets of :mod:`tiny_models` give drafters nothing to learn at their default
+The random tiny targets of :mod:`vllm_dartree.models.tiny` give drafters nothing to learn at their default
 init (std 0.5: greedy output is near-chaotic). :data:`TRAINED_TARGET` uses std 0.15, where the
 target's greedy continuation is mostly a function of the last token with some dependence on
 the context (a last-token predictor is right ~67 % of the time, two tokens ~75 %), and a
@@ -8,7 +8,7 @@ the context (a last-token predictor is right ~67 % of the time, two tokens ~75 %
 
 ``trained_tiny_pair()`` writes the pair once under ``.cache/models/tiny/`` (keyed by every
 setting below), atomically and under a file lock, so concurrent callers train once.
-Run ``python -m vllm_dartree.testing.trained_pair`` for the pure-torch acceptance proxy.
+Run ``python -m vllm_dartree.models.tiny_pair`` for the pure-torch acceptance proxy.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_dartree.env import cache_dir
-from vllm_dartree.testing.tiny_models import TargetSpec, _cached_dir, write_target
+from vllm_dartree.models.tiny import TargetSpec, _cached_dir, write_target
 
 TRAINED_TARGET = TargetSpec(
     vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -95,7 +95,7 @@ def trained_tiny_pair(
 
 def main() -> None:
     """Train (or reuse) the pair and print the pure-torch acceptance proxy."""
-    from vllm_dartree.testing.tiny_models import random_prompts
+    from vllm_dartree.models.tiny import random_prompts
     from vllm_dartree.training.data import load_target
     from vllm_dartree.training.train import (
         load_drafter,

@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vllm_dartree.testing.server import http_json, http_text, metric_value, running_server
-from vllm_dartree.testing.tiny_models import DrafterSpec, TargetSpec, write_drafter, write_target
+from vllm_dartree.harness.server import http_json, http_text, metric_value, running_server
+from vllm_dartree.models.tiny import DrafterSpec, TargetSpec, write_drafter, write_target
 
 pytestmark = pytest.mark.e2e
 

@@ -7,8 +7,8 @@ import itertools
 import pytest
 import torch
 
-from vllm_dartree.testing.engine import generate_ids
-from vllm_dartree.testing.tiny_models import DrafterSpec, TargetSpec, write_drafter, write_target
+from vllm_dartree.harness.engine import generate_ids
+from vllm_dartree.models.tiny import DrafterSpec, TargetSpec, write_drafter, write_target
 
 pytestmark = pytest.mark.e2e
 

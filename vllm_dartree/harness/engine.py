@@ -46,17 +46,11 @@ def build_llm(**overrides: Any):
 
 
 def shutdown_llm(llm) -> None:
-    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+    from vllm_dartree.integration.compat import release_engine
 
-    engine = getattr(llm, "llm_engine", None)
-    if engine is not None and hasattr(engine, "engine_core"):
-        try:
-            engine.engine_core.shutdown()
-        except Exception:  # an engine that failed half-way has nothing to shut down
-            pass
+    release_engine(llm)
     del llm
     gc.collect()
-    cleanup_dist_env_and_memory()
 
 
 class EngineCache:

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from vllm_dartree.integration.cpu_attention import copy_kv_slots, gather_kv
-from vllm_dartree.integration.verify import (
+from vllm_dartree.integration.verify_plan import (
     AcceptedPaths,
     accepted_row_order,
-    build_verify_step,
     compaction_pairs,
-    depth_positions,
+    depth_position_values,
 )
+from vllm_dartree.testing.plans import plan_of
 from vllm_dartree.tree import DraftTree
 
 
@@ -53,10 +53,11 @@ def _tree(parents, depths, tokens):
 def test_accepted_path_rows_compaction_and_positions():
     # root -> 1 -> 2;  root -> 3 -> 4 -> 5   (nodes 1..5 in topological order)
     tree = _tree(parents=[0, 1, 0, 3, 4], depths=[1, 2, 1, 2, 3], tokens=[7, 8, 9, 10, 11])
-    step = build_verify_step([tree], batch_index=[1], root_row=[10], num_drafts=[5],
-                             device=torch.device("cpu"))
+    # Request 0 prefills rows 0..9 (no drafts); request 1 verifies rows 10..15.
+    step = plan_of([tree], num_drafts=[0, 5], num_scheduled=[10, 6])
     positions = torch.arange(100, 120)
-    assert depth_positions(step, positions).tolist() == [111, 112, 111, 112, 113]
+    assert step.node_rows.tolist() == [[11, 12, 13, 14, 15]]
+    assert depth_position_values(step, positions).tolist() == [[111, 112, 111, 112, 113]]
     accepted = AcceptedPaths(step, torch.tensor([[0, 3, 4, -1, -1]]), torch.tensor([3]))
     order = accepted_row_order(accepted, 20)
     # Segment rows 10..15 become [root, node3, node4, node1, node2, node5].
@@ -64,12 +65,13 @@ def test_accepted_path_rows_compaction_and_positions():
     assert order[:10].tolist() == list(range(10)) and order[16:].tolist() == [16, 17, 18, 19]
     slot_mapping = torch.arange(1000, 1020)
     src, dst = compaction_pairs(accepted, slot_mapping)
-    assert src.tolist() == [1013, 1014] and dst.tolist() == [1011, 1012]
+    # Path nodes 3, 4 move to rows 11, 12; the rest copy the root's slot onto itself.
+    assert src.tolist() == [1013, 1014, 1010, 1010] and dst.tolist() == [1011, 1012, 1010, 1010]
 
 
 def test_truncated_tree_keeps_a_topological_prefix():
     tree = _tree(parents=[0, 1, 0, 3, 4], depths=[1, 2, 1, 2, 3], tokens=[7, 8, 9, 10, 11])
-    step = build_verify_step([tree], [0], [0], [3], torch.device("cpu"))
+    step = plan_of([tree], num_drafts=[3], num_scheduled=[4])
     assert step.tree.valid.tolist() == [[True, True, True, False, False]]
     assert step.node_in_batch.tolist() == [[True, True, True, False, False]]
     # Scheduled nodes see their ancestors; unscheduled ones become dummies under the root.

@@ -66,7 +66,8 @@ def test_dartree_request_on_unsupported_vllm_fails_before_loading(monkeypatch, t
 
 
 def test_only_the_gate_is_installed_at_load():
-    """In a fresh process, loading the plugin replaces exactly one vLLM attribute."""
+    """In a fresh process, loading the plugin replaces exactly the declared load-time
+    touch-points (the request gate and the --spec-method choice)."""
     code = textwrap.dedent(
         """
         import vllm.engine.arg_utils as a, vllm.config as c
@@ -83,13 +84,15 @@ def test_only_the_gate_is_installed_at_load():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True,
         env={k: v for k, v in os.environ.items() if k != "VLLM_DARTREE_ACTIVE"},
     )
-    assert out.stdout.strip().splitlines()[-1] == "['create_speculative_config'] None"
+    declared = sorted(t.attribute for t in activation.LOAD_TOUCHPOINTS)
+    assert declared == ["add_cli_args", "create_speculative_config"]
+    assert out.stdout.strip().splitlines()[-1] == f"{declared} None"
 
 
 NGRAM_PROBE = textwrap.dedent(
     """
     import json, logging, sys
-    from vllm_dartree.testing.engine import prepare_process
+    from vllm_dartree.harness.engine import prepare_process
     prepare_process()
     records = []
     class Keep(logging.Handler):
@@ -97,7 +100,7 @@ NGRAM_PROBE = textwrap.dedent(
             records.append((record.name, record.levelname, str(record.msg)))
     logging.getLogger("vllm").addHandler(Keep(level=logging.INFO))
     from vllm import SamplingParams
-    from vllm_dartree.testing.engine import build_llm, generate_ids, spec_decode_counters
+    from vllm_dartree.harness.engine import build_llm, generate_ids, spec_decode_counters
     llm = build_llm(model=sys.argv[1], speculative_config={
         "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
     prompts = [[837 % 500, 894 % 500, 837 % 500, 837 % 500, 894 % 500, 837 % 500] * 3, [5, 9, 5, 9, 5]]

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import dflash_reference as ref
 import pytest
 import torch
-from reference import dflash_reference as ref
 
-from vllm_dartree.testing.engine import generate_ids
-from vllm_dartree.testing.tiny_models import TargetSpec, random_prompts
+from vllm_dartree.harness.engine import generate_ids
+from vllm_dartree.models.tiny import TargetSpec, random_prompts
 from vllm_dartree.tree import build_tree
 
 pytestmark = pytest.mark.e2e
@@ -229,4 +229,6 @@ def test_domino_head_weights_are_the_checkpoints(domino):
     assert torch.equal(head.gru_hh.cpu(), model.prefix_gru.weight_hh_l0)
     assert torch.equal(head.proj0.cpu(), model.embed_proj[0].weight)
     assert torch.equal(head.proj2.cpu(), model.embed_proj[2].weight)
-    assert torch.equal(head.embed.cpu(), domino.target.embed)
+    # The GRU input of token v is the target's embedding row v, over the whole vocabulary.
+    table = domino.target.embed @ model.prefix_gru.weight_ih_l0.T
+    assert torch.allclose(head.input_gate_table.cpu(), table, atol=1e-5)

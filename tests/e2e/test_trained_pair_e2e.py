@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from vllm_dartree.testing.engine import generate_ids, spec_decode_counters
-from vllm_dartree.testing.tiny_models import random_prompts
-from vllm_dartree.testing.trained_pair import trained_tiny_pair
+from vllm_dartree.harness.engine import generate_ids, spec_decode_counters
+from vllm_dartree.models.tiny import random_prompts
+from vllm_dartree.models.tiny_pair import trained_tiny_pair
 
 pytestmark = pytest.mark.e2e
 
@@ -46,20 +46,19 @@ def _mean_acceptance(llm) -> float:
 @pytest.fixture(scope="module")
 def measured(engines, pair, prompts, baseline):
     """Mean acceptance per variant, each run checked against target-only output."""
-    from vllm_dartree.integration.proposer import DARTreeProposer
+    import torch
+
+    from vllm_dartree.integration.verifier import TreeVerifier
 
     moved = []
-    original = DARTreeProposer._compact_kv
 
-    def counting(self, accepted):  # count KV rows compaction actually moves
+    def counting(accepted):  # count KV rows compaction actually moves
         nodes = accepted.accepted_nodes[:, 1:]
-        depth = __import__("torch").arange(1, nodes.shape[1] + 1)
+        depth = torch.arange(1, nodes.shape[1] + 1)
         moved.append(int(((nodes >= 0) & (nodes != depth)).sum()))
-        return original(self, accepted)
 
     results = {}
-    DARTreeProposer._compact_kv = counting
-    try:
+    with TreeVerifier.observing(counting):
         for name, settings in [("pruned", {}), ("fixed", {"tree": "fixed"}),
                                ("domino", {"tree": "chain"}),
                                ("dflash", {"tree": "chain", "correction": False})]:
@@ -68,8 +67,6 @@ def measured(engines, pair, prompts, baseline):
                 "method": "dartree", "model": str(pair[1]), **settings})
             results[name] = (generate_ids(llm, prompts, greedy()), _mean_acceptance(llm),
                              sum(moved))
-    finally:
-        DARTreeProposer._compact_kv = original
     return results
 
 

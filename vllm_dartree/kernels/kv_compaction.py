@@ -21,26 +21,16 @@ any cache dtype of 1, 2, 4 or 8 bytes works.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 
 import torch
 
-from csrc_triton import topb
-from csrc_triton.topb import interpreter_enabled, interpreter_loaded
+from vllm_dartree.kernels import launch
+from vllm_dartree.kernels.launch import LazyKernel, require_launchable, use_triton
 
-triton = None
-tl = None
+tl = None  # bound by LazyKernel at the first launch
 
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _load_triton() -> bool:
-    """Bind this module's ``triton``/``tl`` (kernel bodies resolve them at JIT time)."""
-    global triton, tl
-    if triton is None and topb._load_triton():
-        triton, tl = topb.triton, topb.tl
-    return triton is not None
 
 
 def split_kv_caches(layer_caches: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -103,25 +93,14 @@ def _copy_slots(
         tl.store(cache + at[:, None] + elem_off[None, :], values, mask=mask)
 
 
-_KERNELS: dict[bool, object] = {}
-
-
-def _kernel(interpret: bool):
-    if interpret not in _KERNELS:
-        if interpret:  # triton.jit would consult the environment variable, not the import
-            from triton.runtime.interpreter import InterpretedFunction
-
-            _KERNELS[interpret] = InterpretedFunction(_copy_slots)
-        else:
-            _KERNELS[interpret] = triton.jit(_copy_slots)
-    return _KERNELS[interpret]
+_copy_slots_kernel = LazyKernel(_copy_slots)
 
 
 def copy_kv_slots_launch(caches: Sequence[torch.Tensor], src: torch.Tensor, dst: torch.Tensor,
                          ptrs: torch.Tensor | None = None, *, block_p: int = 16,
                          block_e: int = 256) -> tuple:
     """(python function, grid, kwargs) of the launch (launcher and ahead-of-time check)."""
-    if not _load_triton():
+    if not launch.load_triton():
         raise RuntimeError("triton is not installed")
     first = caches[0]
     kv_heads, head_size = first.shape[2], first.shape[3]
@@ -135,7 +114,7 @@ def copy_kv_slots_launch(caches: Sequence[torch.Tensor], src: torch.Tensor, dst:
         ptrs_ptr=ptrs, src_ptr=src, dst_ptr=dst, scratch_ptr=scratch, num_pairs=src.numel(),
         block_size=first.shape[1], slot_elems=slot_elems, head_size=head_size,
         stride_b=first.stride(0), stride_s=first.stride(1), stride_h=first.stride(2),
-        stride_d=first.stride(3), DTYPE=getattr(tl, str(int_dtype).removeprefix("torch.")),
+        stride_d=first.stride(3), DTYPE=getattr(launch.tl, str(int_dtype).removeprefix("torch.")),
         BLOCK_P=block_p, BLOCK_E=block_e, num_warps=4,
     )
     return _copy_slots, (len(caches), math.ceil(slot_elems / block_e)), kwargs
@@ -150,14 +129,9 @@ def copy_kv_slots_triton(caches: Sequence[torch.Tensor], src: torch.Tensor, dst:
     ``ptrs`` is ``cache_pointer_table(caches)`` (built here when not given).
     """
     _check_args(caches, src, dst, every_cache=ptrs is None)  # a table vouches for the group
-    if not _load_triton():
-        raise RuntimeError("triton is not installed; use copy_kv_slots_torch")
+    require_launchable(caches[0], "KV compaction")
     if src.numel() == 0:
         return
-    interpret = interpreter_loaded()
-    if not caches[0].is_cuda and not (interpret and interpreter_enabled()):
-        raise RuntimeError("copy_kv_slots_triton on CPU tensors needs the Triton interpreter: "
-                           "set TRITON_INTERPRET=1 before triton is first imported")
     src, dst = src.contiguous(), dst.contiguous()
     ptrs = cache_pointer_table(caches) if ptrs is None else ptrs
     slot_bytes = caches[0].shape[2] * caches[0].shape[3] * caches[0].element_size()
@@ -166,25 +140,19 @@ def copy_kv_slots_triton(caches: Sequence[torch.Tensor], src: torch.Tensor, dst:
         part = slice(first, first + per_launch)
         fn, grid, kwargs = copy_kv_slots_launch(caches[part], src, dst, ptrs[part],
                                                 block_p=block_p, block_e=block_e)
-        _kernel(interpret)[grid](**kwargs)
+        _copy_slots_kernel[grid](**kwargs)
 
 
 def copy_kv_slots(caches: Sequence[torch.Tensor], src: torch.Tensor, dst: torch.Tensor,
                   ptrs: torch.Tensor | None = None) -> None:
-    """Dispatch: the Triton kernel on CUDA or with TRITON_INTERPRET=1, else the torch twin."""
+    """Dispatch (``kernels.launch.use_triton``): the kernel on CUDA or under the interpreter,
+    else the torch twin."""
     if not caches:
         return
-    if caches[0].is_cuda:
-        if _load_triton():
-            return copy_kv_slots_triton(caches, src, dst, ptrs)
-        return copy_kv_slots_torch(caches, src, dst)
-    if not interpreter_enabled() or not _load_triton():
-        return copy_kv_slots_torch(caches, src, dst)
-    if not interpreter_loaded():
-        warnings.warn("TRITON_INTERPRET=1 was set after triton was imported; using the "
-                      "torch twin of KV compaction", RuntimeWarning, stacklevel=2)
-        return copy_kv_slots_torch(caches, src, dst)
-    return copy_kv_slots_triton(caches, src, dst, ptrs)
+    if use_triton(caches[0], "KV compaction"):
+        copy_kv_slots_triton(caches, src, dst, ptrs)
+    else:
+        copy_kv_slots_torch(caches, src, dst)
 
 
 def _check_args(caches: Sequence[torch.Tensor], src: torch.Tensor, dst: torch.Tensor,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_dartree.testing.engine import generate_ids, spec_decode_counters
-from vllm_dartree.testing.tiny_models import TargetSpec, random_prompts
+from vllm_dartree.harness.engine import generate_ids, spec_decode_counters
+from vllm_dartree.models.tiny import TargetSpec, random_prompts
 
 pytestmark = pytest.mark.e2e
 

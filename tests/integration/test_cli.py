@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from vllm_dartree.testing.server import http_json, running_server
-from vllm_dartree.testing.tiny_models import TargetSpec, write_target
+from vllm_dartree.harness.server import http_json, running_server
+from vllm_dartree.models.tiny import TargetSpec, write_target
 
 
 def test_cli_rejects_unknown_commands():

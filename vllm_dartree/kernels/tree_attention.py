@@ -26,28 +26,16 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 
 import torch
 
-from csrc_triton import topb
-from csrc_triton.topb import interpreter_enabled, interpreter_loaded
+from vllm_dartree.kernels.launch import LazyKernel, require_launchable, use_triton
 
-# Triton is imported lazily (see csrc_triton/topb.py: importing it fixes the interpreter mode).
-triton = None
-tl = None
+tl = None  # bound by LazyKernel at the first launch
 
 LOG2E = 1.4426950408889634
 WORD_BITS = 64
 MAX_TREE_ROWS = 1 + 128
-
-
-def _load_triton() -> bool:
-    """Bind this module's ``triton``/``tl`` (kernel bodies resolve them at JIT time)."""
-    global triton, tl
-    if triton is None and topb._load_triton():
-        triton, tl = topb.triton, topb.tl
-    return triton is not None
 
 
 # ------------------------------------------------------------------------------ torch twin
@@ -234,20 +222,7 @@ def _merge_splits(
     tl.store(o_ptr, out.to(out_ptr.dtype.element_ty), mask=(offs_h < heads)[:, None])
 
 
-_KERNELS: dict[tuple[str, bool], object] = {}
-
-
-def _jit(fn, interpret: bool):
-    """Decorate lazily, once per mode (interpreted when triton was imported interpreted)."""
-    key = (fn.__name__, interpret)
-    if key not in _KERNELS:
-        if interpret:  # triton.jit would consult the environment variable, not the import
-            from triton.runtime.interpreter import InterpretedFunction
-
-            _KERNELS[key] = InterpretedFunction(fn)
-        else:
-            _KERNELS[key] = triton.jit(fn)
-    return _KERNELS[key]
+_KERNELS = {fn: LazyKernel(fn) for fn in (_tree_attention_fwd, _merge_splits)}
 
 
 # ------------------------------------------------------------------------------- launchers
@@ -365,24 +340,19 @@ def tree_attention_triton(
     twin, computing in float32 with inputs in the cache dtype."""
     _check_args(query, key_cache, value_cache, block_table, base, ancestor_bits, num_rows,
                 root_row, out)
-    if not _load_triton():
-        raise RuntimeError("triton is not installed; use tree_attention_torch")
+    require_launchable(query, "tree attention")
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     out = torch.zeros_like(query) if out is None else out
     if ancestor_bits.shape[0] == 0:
         return out
-    interpret = interpreter_loaded()
-    if not query.is_cuda and not (interpret and interpreter_enabled()):
-        raise RuntimeError("tree_attention_triton on CPU tensors needs the Triton interpreter: "
-                           "set TRITON_INTERPRET=1 before triton is first imported")
     ancestor_bits = ancestor_bits.contiguous()
     launches = tree_attention_launches(query, key_cache, value_cache, block_table, base,
                                        ancestor_bits, num_rows, root_row, scale, out,
                                        num_splits=num_splits, block_r=block_r,
                                        block_n=block_n)
     for fn, grid, kwargs in launches:
-        _jit(fn, interpret)[grid](**kwargs)
+        _KERNELS[fn][grid](**kwargs)
     return out
 
 
@@ -401,8 +371,8 @@ def tree_attention(
     num_splits: int | None = None,
     max_prefix: int | None = None,
 ) -> torch.Tensor:
-    """Dispatch: the Triton kernel on CUDA or with TRITON_INTERPRET=1, else the torch twin
-    (with a warning when the variable was set only after triton was imported).
+    """Dispatch (``kernels.launch.use_triton``): the kernel on CUDA or under the interpreter,
+    else the torch twin.
 
     ``num_splits`` None picks the KV split count from ``max_prefix`` (a host-side bound on
     ``base``, e.g. vLLM's max_seq_len; no split without it) and the GPU's SM count.
@@ -411,17 +381,9 @@ def tree_attention(
             root_row, scale, out)
     if num_splits is None:
         num_splits = auto_num_splits(query, key_cache, ancestor_bits, max_prefix or 0)
-    if query.is_cuda:
-        if _load_triton():
-            return tree_attention_triton(*args, num_splits=num_splits)
-        return tree_attention_torch(*args)
-    if not interpreter_enabled() or not _load_triton():
-        return tree_attention_torch(*args)
-    if not interpreter_loaded():
-        warnings.warn("TRITON_INTERPRET=1 was set after triton was imported; using the "
-                      "torch twin of tree attention", RuntimeWarning, stacklevel=2)
-        return tree_attention_torch(*args)
-    return tree_attention_triton(*args, num_splits=num_splits)
+    if use_triton(query, "tree attention"):
+        return tree_attention_triton(*args, num_splits=num_splits)
+    return tree_attention_torch(*args)
 
 
 def _check_args(query, key_cache, value_cache, block_table, base, ancestor_bits, num_rows,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vllm_dartree.harness.engine import generate_ids
 from vllm_dartree.integration import compat
-from vllm_dartree.testing.engine import generate_ids
-from vllm_dartree.testing.tiny_models import TargetSpec, random_prompts
+from vllm_dartree.models.tiny import TargetSpec, random_prompts
 
 
 def test_fixed_expand_kernel_writes_the_output_it_was_given():

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import dflash_reference as ref
 import pytest
 import torch
-from reference import dflash_reference as ref
 from torch import nn
 
 from vllm_dartree.integration import drafter_model
@@ -148,8 +148,8 @@ def build_our_drafter(raw: dict, monkeypatch) -> DARTreeDraftModel:
     vllm_config = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.bfloat16))
     with torch.device("meta"):
         ours = DARTreeDraftModel(vllm_config=vllm_config)
-        ours.model = SimpleNamespace(embed_tokens=SimpleNamespace(
-            weight=torch.empty(VOCAB, raw["hidden_size"], dtype=torch.bfloat16)))
+        ours.model = SimpleNamespace(embed_tokens=nn.Embedding(
+            VOCAB, raw["hidden_size"], dtype=torch.bfloat16))
     return ours
 
 

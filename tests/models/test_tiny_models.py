@@ -6,7 +6,7 @@ import json
 
 from safetensors import safe_open
 
-from vllm_dartree.testing import tiny_models as tm
+from vllm_dartree.models import tiny as tm
 
 
 def _tensors(path):

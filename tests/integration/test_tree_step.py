@@ -1,0 +1,287 @@
+"""The tree step's index arithmetic on hand-built batches, with no engine: plan, depth
+positions, acceptance, KV compaction and the drafter's next context, checked against naive
+per-request walks; stale state; and no host sync anywhere in the step."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_dartree.integration import tree_context
+from vllm_dartree.integration.step import TreeStep
+from vllm_dartree.integration.verifier import TreeVerifier
+from vllm_dartree.integration.verify_plan import compaction_pairs
+from vllm_dartree.testing.syncs import HostSyncCounter
+from vllm_dartree.tree import DraftTree, build_tree
+from vllm_dartree.tree.types import padded_tree
+
+BUDGET = 6
+VOCAB = 40
+
+
+def random_tree(gen: torch.Generator, real_nodes: int) -> DraftTree:
+    """One request's tree: ``real_nodes`` nodes (topological, siblings with distinct tokens)
+    padded to BUDGET."""
+    parents, depths, tokens = [], [], []
+    used: dict[int, set[int]] = {}
+    node_depth = {0: 0}
+    for j in range(real_nodes):
+        parent = int(torch.randint(0, j + 1, (), generator=gen))
+        token = int(torch.randint(1, VOCAB, (), generator=gen))
+        while token in used.setdefault(parent, set()):
+            token = token % (VOCAB - 1) + 1
+        used[parent].add(token)
+        parents.append(parent)
+        depths.append(node_depth[parent] + 1)
+        node_depth[j + 1] = node_depth[parent] + 1
+        tokens.append(token)
+    return padded_tree(torch.tensor([tokens]), torch.tensor([parents]), torch.tensor([depths]),
+                       torch.ones(1, real_nodes, dtype=torch.bool),
+                       torch.zeros(1, real_nodes), torch.tensor([0]), BUDGET, 4 * BUDGET)
+
+
+# The batch: r0 prefills 7 rows (no drafts); r1 verifies a 4-node tree padded to 6 nodes
+# with all 6 draft rows scheduled; r2 has a full tree but vLLM scheduled only 3 drafts;
+# r3 has no tree in the proposal (a chain over vLLM's scheduled tokens); r4 decodes with
+# no drafts (one row).
+REQ_IDS = ["r0", "r1", "r2", "r3", "r4"]
+NUM_DRAFTS = [0, 6, 3, 4, 0]
+NUM_SCHEDULED = np.array([7, 7, 4, 5, 1])
+CHAIN_TOKENS = {"r3": [11, 12, 13, 14]}
+
+
+def make_step(gen: torch.Generator):
+    moves = []
+    step = TreeStep(BUDGET, torch.device("cpu"), TreeVerifier(),
+                    lambda accepted, kv: moves.append((accepted, kv)))
+    trees = {"r1": random_tree(gen, 4), "r2": random_tree(gen, 6), "r0": random_tree(gen, 2)}
+    proposal_ids = ["r2", "r0", "r1"]  # the drafter's own batch order
+    stacked = DraftTree(*(torch.cat([getattr(trees[r], f) for r in proposal_ids])
+                          for f in ("tokens", "parents", "depths", "num_nodes", "valid",
+                                    "scores")), max_depth=4 * BUDGET)
+    step.plan(REQ_IDS, None, NUM_SCHEDULED, {}, verify_as_chain=False)  # step 1: no drafts
+    step.hand_over(proposal_ids, stacked)
+    return step, trees, moves
+
+
+def naive_layout():
+    """(root row, node rows, logits rows) per drafted request, from the batch by hand."""
+    rows, logits, out = 0, 0, {}
+    for req, n, scheduled in zip(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED):
+        if n:
+            root = rows + scheduled - n - 1
+            out[req] = (root, list(range(root + 1, root + 1 + n)), list(range(logits,
+                                                                              logits + n + 1)))
+        rows += scheduled
+        logits += n + 1
+    return out, rows, logits
+
+
+def expected_tree(req, trees):
+    """(parent, depth, token, valid) of every column: the proposal's tree, or for r3 the
+    chain over vLLM's scheduled tokens; padding columns are dummies (root, depth 1)."""
+    if req == "r3":
+        return [(j, j + 1, t, True) for j, t in enumerate(CHAIN_TOKENS["r3"])]
+    tree = trees[req]
+    return [(int(tree.parents[0, j]), int(tree.depths[0, j]), int(tree.tokens[0, j]),
+             bool(tree.valid[0, j])) for j in range(BUDGET)]
+
+
+def scheduled_nodes(req, trees, n):
+    """The first n columns with padding made invalid dummies (as the plan truncates)."""
+    return [(p, d, tok, ok) if ok else (0, 1, tok, False)
+            for p, d, tok, ok in expected_tree(req, trees)[:n]]
+
+
+def test_plan_lays_out_every_request_like_the_runner_does():
+    gen = torch.Generator().manual_seed(0)
+    step, trees, _ = make_step(gen)
+    plan = step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, CHAIN_TOKENS, verify_as_chain=False)
+    layout, _, num_logits = naive_layout()
+    assert plan.req_ids == ["r1", "r2", "r3"]
+    assert plan.batch_index.tolist() == [1, 2, 3]
+    assert plan.num_logit_rows == num_logits
+    assert plan.first_logit_row.tolist() == [0, 1, 8, 12, 17]
+    assert plan.request_of_logit_row.tolist() == [0] + [1] * 7 + [2] * 4 + [3] * 5 + [4]
+    for t, req in enumerate(plan.req_ids):
+        root, node_rows, logit_rows = layout[req]
+        n = len(node_rows)
+        assert int(plan.root_row[t]) == root
+        assert plan.node_rows[t, :n].tolist() == node_rows
+        assert plan.node_logit_rows[t, : n + 1].tolist() == logit_rows
+        # Unscheduled columns alias the last scheduled row (identical duplicate writes).
+        assert set(plan.node_rows[t, n:].tolist()) <= {node_rows[-1]}
+        kept = [(p, d, tok) for j, (p, d, tok) in enumerate(
+            zip(plan.tree.parents[t].tolist(), plan.tree.depths[t].tolist(),
+                plan.tree.tokens[t].tolist())) if plan.tree.valid[t, j]]
+        # The scheduled prefix of the request's tree (r2: 3 of 6 nodes; r1: 4 real nodes).
+        assert kept == [(p, d, tok) for p, d, tok, ok in scheduled_nodes(req, trees, n) if ok]
+
+
+def naive_walk(tree_nodes, choice_at):
+    """Accepted node indices (root 0 first) and emitted tokens of one request."""
+    path, tokens, node = [0], [], 0
+    while True:
+        wanted = choice_at(node)
+        tokens.append(wanted)
+        children = [j + 1 for j, (p, _, tok, ok) in enumerate(tree_nodes) if p == node
+                    and tok == wanted and ok]
+        if not children:
+            return path, tokens
+        node = children[0]
+        path.append(node)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_whole_step_against_naive_walks(seed):
+    gen = torch.Generator().manual_seed(seed)
+    step, trees, moves = make_step(gen)
+    plan = step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, CHAIN_TOKENS, verify_as_chain=False)
+    layout, num_rows, num_logits = naive_layout()
+
+    # Target forward: depth positions inside, sequential positions after.
+    positions = torch.arange(num_rows) + 100
+    with step.target_forward(positions, kv_caches="the layers") as active:
+        assert tree_context.active_plan() is active is plan
+        for req in plan.req_ids:
+            root, node_rows, _ = layout[req]
+            nodes = scheduled_nodes(req, trees, len(node_rows))
+            assert positions[node_rows].tolist() == [100 + root + d for _, d, _, _ in nodes]
+    assert tree_context.active_plan() is None
+    assert torch.equal(positions, torch.arange(num_rows) + 100)
+
+    # The target prefers, at each verify row, a child's token half the time.
+    choice = torch.randint(1, VOCAB, (num_logits,), generator=gen)
+    for req in plan.req_ids:
+        _, node_rows, logit_rows = layout[req]
+        nodes = scheduled_nodes(req, trees, len(node_rows))
+        for node, row in enumerate(logit_rows):
+            kids = [tok for p, _, tok, ok in nodes if p == node and ok]
+            if kids and torch.rand((), generator=gen) < 0.7:
+                choice[row] = kids[int(torch.randint(0, len(kids), (), generator=gen))]
+    logits = torch.nn.functional.one_hot(choice, VOCAB).float()
+    greedy = SimpleNamespace(all_greedy=True)
+    sampled = step.accept(logits, greedy, max_spec_len=6)
+
+    (accepted, kv), = moves
+    assert kv == "the layers"
+    for b, req in enumerate(REQ_IDS):
+        if req not in layout:
+            row = int(plan.first_logit_row[b])
+            assert sampled[b].tolist() == [int(choice[row])] + [-1] * 6
+            continue
+        t = plan.req_ids.index(req)
+        _, node_rows, logit_rows = layout[req]
+        nodes = scheduled_nodes(req, trees, len(node_rows))
+        path, tokens = naive_walk(nodes, lambda node, rows=logit_rows: int(choice[rows[node]]))
+        assert sampled[b].tolist() == (tokens + [-1] * 7)[:7]
+        assert [n for n in accepted.accepted_nodes[t].tolist() if n >= 0] == path
+
+    # KV compaction: path position d moves to the slot of row root + d.
+    slot_of_row = torch.randperm(200, generator=gen)[:num_rows]
+    kv_rows = torch.arange(200) * 10  # a fake cache: the slot's content names its row's slot
+    src, dst = compaction_pairs(accepted, slot_of_row)
+    kv_rows[dst] = kv_rows[src].clone()
+    for t, req in enumerate(plan.req_ids):
+        root = layout[req][0]
+        path = [n for n in accepted.accepted_nodes[t].tolist() if n >= 0]
+        for d, node in enumerate(path):
+            assert int(kv_rows[slot_of_row[root + d]]) == 10 * int(slot_of_row[root + node])
+
+    # The drafter's context: each segment's path first, then the rest in order.
+    hidden = torch.arange(num_rows, dtype=torch.float32).unsqueeze(1)
+    reordered = step.draft_context(hidden)[:, 0].long().tolist()
+    expected = list(range(num_rows))
+    for t, req in enumerate(plan.req_ids):
+        root, node_rows, _ = layout[req]
+        path = [root + n for n in accepted.accepted_nodes[t].tolist() if n >= 0]
+        segment = [root, *node_rows]
+        expected[root : root + len(segment)] = path + [r for r in segment if r not in path]
+    assert reordered == expected
+    assert torch.equal(step.draft_context(hidden), hidden)  # consumed: no second reorder
+
+
+def test_a_step_without_tree_verification_clears_the_step_state():
+    gen = torch.Generator().manual_seed(5)
+    step, _, moves = make_step(gen)
+    step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, CHAIN_TOKENS, verify_as_chain=False)
+    logits = torch.zeros(18, VOCAB)
+    step.accept(logits, SimpleNamespace(all_greedy=True), max_spec_len=6)
+    assert moves  # accepted paths are waiting for the drafter's context
+    # vLLM skipped drafting (near max_model_len): the next step verifies nothing ...
+    assert step.plan(REQ_IDS, None, NUM_SCHEDULED, {}, verify_as_chain=False) is None
+    assert step.accept(logits, SimpleNamespace(all_greedy=True), 6) is None
+    # ... and a later propose must not reorder its hidden states with that step's rows.
+    hidden = torch.randn(24, 3)
+    assert torch.equal(step.draft_context(hidden), hidden)
+
+
+def test_a_proposal_is_only_verified_by_the_next_step():
+    gen = torch.Generator().manual_seed(6)
+    step, _, _ = make_step(gen)  # proposal handed over in step 1
+    step.plan(REQ_IDS, None, NUM_SCHEDULED, {}, verify_as_chain=False)  # step 2: none
+    plan = step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, {"r1": [1] * 6, "r2": [2] * 3,
+                                                          "r3": [3] * 4}, False)
+    # The step-1 trees are stale in step 3: every request verifies vLLM's tokens as chains.
+    assert plan.tree.tokens[:, 0].tolist() == [1, 2, 3]
+    assert plan.tree.parents[0].tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_batches_that_read_the_drafted_prefix_are_left_to_vllm():
+    gen = torch.Generator().manual_seed(7)
+    step, _, _ = make_step(gen)
+    assert step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, CHAIN_TOKENS, True) is None
+    positions = torch.arange(24)
+    with step.target_forward(positions, None) as active:
+        assert active is None and tree_context.active_plan() is None
+    assert step.accept(torch.zeros(18, VOCAB), SimpleNamespace(all_greedy=True), 6) is None
+
+
+def sampling_of(batch: int, seed: int) -> SimpleNamespace:
+    temperature = torch.tensor([0.0, 0.8, 1.0, 0.5, 1.3])[:batch]
+    return SimpleNamespace(all_greedy=False, temperature=temperature,
+                           top_k=torch.tensor([5, 40, 3, 7, 40])[:batch],
+                           top_p=torch.tensor([1.0, 0.9, 0.95, 1.0, 0.8])[:batch],
+                           generators={2: torch.Generator().manual_seed(seed)})
+
+
+def test_no_host_sync_in_a_tree_step():
+    """Plan, target forward, acceptance (greedy and sampled), the KV move's pairs, the
+    drafter's context and the tree build issue no operation that waits for a GPU."""
+    gen = torch.Generator().manual_seed(8)
+    head_gen = torch.Generator().manual_seed(9)
+    from vllm_dartree.tree import DominoHead
+
+    head = DominoHead.random(VOCAB, 16, 8, 8, generator=head_gen).with_input_gate_table()
+    slot_mapping = torch.arange(24) + 50
+    step, _, _ = make_step(gen)
+    step.move_kv = lambda accepted, kv: compaction_pairs(accepted, slot_mapping)
+    step.verifier.stats._last_log = float("inf")  # the periodic log line reads the sums
+    logits = torch.randn(18, VOCAB, generator=gen)
+    base_logits = torch.randn(5, 4, VOCAB, generator=gen)
+    hidden = torch.randn(5, 4, 16, generator=gen)
+    for sampling in (SimpleNamespace(all_greedy=True), sampling_of(5, 1)):
+        with HostSyncCounter() as syncs:
+            step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, CHAIN_TOKENS, False)
+            with step.target_forward(torch.arange(24), None):
+                pass
+            step.accept(logits, sampling, max_spec_len=6)
+            step.draft_context(torch.randn(24, 16))
+            for variant in ("pruned", "fixed", "chain", "ddtree"):
+                tree = build_tree(variant, base_logits, hidden, torch.arange(5), head,
+                                  budget=BUDGET, top_k=8, width=3)
+            step.hand_over(REQ_IDS, tree)
+        assert syncs.calls == []
+
+
+def test_the_sync_counter_sees_syncs():
+    x = torch.arange(6)
+    with HostSyncCounter() as syncs:
+        x[x > 2].sum().item()
+        x.repeat_interleave(x)
+        bool(x[0])
+    assert syncs.calls == ["__getitem__ with a boolean mask", "item",
+                           "repeat_interleave with tensor repeats", "__bool__"]

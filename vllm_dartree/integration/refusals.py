@@ -1,0 +1,139 @@
+"""Setups a dartree engine cannot run correctly, refused before any weight loads.
+
+:func:`refuse_unsupported_setup` runs when vLLM builds the speculative config (from the
+request gate), with the target's model and parallel configs resolved as vLLM resolves
+them. :func:`unsupported_layer_features` covers what only the target's attention layers
+know (vLLM builds them before loading weights): sinks, per-layer sliding windows, KV
+sharing. Every message names the setting, its value and what is supported.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from vllm_dartree.config import DARTreeConfig, DARTreeConfigError
+
+SUPPORTED_TEXT = "see the README's 'Supported setups'"
+
+
+def refuse_unsupported_setup(config: DARTreeConfig, engine_args: Any, model_config: Any,
+                             parallel_config: Any, on_cuda: bool) -> None:
+    """Raise DARTreeConfigError for the first unsupported setting of this engine."""
+    for problem in setup_problems(config, engine_args, model_config, parallel_config,
+                                  on_cuda):
+        raise DARTreeConfigError(f"{problem}; {SUPPORTED_TEXT}")
+
+
+def setup_problems(config: DARTreeConfig, engine_args: Any, model_config: Any,
+                   parallel_config: Any, on_cuda: bool) -> list[str]:
+    from vllm.utils.torch_utils import resolve_kv_cache_dtype_string
+    from vllm.v1.kv_cache_interface import is_quantized_kv_cache
+
+    problems = []
+    pp = parallel_config.pipeline_parallel_size
+    if pp > 1:
+        problems.append(f"engine key 'pipeline_parallel_size' = {pp} is not supported with "
+                        "dartree: the drafter and the tree layout exist on the last stage "
+                        "only (use 1; tensor and data parallelism work)")
+    text = model_config.hf_text_config
+    arch = ", ".join(model_config.architectures or [])
+    if model_config.uses_mrope:
+        problems.append(f"target {arch} uses M-RoPE (multi-axis positions); dartree's depth "
+                        "positions are 1-D (supported: targets with 1-D RoPE)")
+    if model_config.is_hybrid or model_config.has_inner_state or model_config.is_attention_free:
+        problems.append(f"target {arch} has recurrent or hybrid (Mamba/linear attention) "
+                        "layers, which would consume a tree's rows as one sequence "
+                        "(supported: attention-only targets)")
+    if model_config.use_mla:
+        problems.append(f"target {arch} uses MLA attention, which the tree attention does "
+                        "not implement (supported: multi-head / grouped-query attention)")
+    if model_config.is_encoder_decoder:
+        problems.append(f"target {arch} is an encoder-decoder model (supported: decoder-only)")
+    shared = getattr(text, "num_kv_shared_layers", 0) or 0
+    if shared:
+        problems.append(f"target config num_kv_shared_layers = {shared}: cross-layer KV "
+                        "sharing would compact a shared cache twice (supported: 0)")
+    window = model_config.get_sliding_window()
+    layer_types = set(getattr(text, "layer_types", None) or ())
+    if window is not None or "sliding_attention" in layer_types:
+        problems.append(f"target sliding window = {window} (layer types "
+                        f"{sorted(layer_types) or 'uniform'}): tree attention covers full "
+                        "attention only (supported: no sliding window, or "
+                        "disable_sliding_window=True)")
+    soft_cap = getattr(text, "attn_logit_softcapping", None)
+    if soft_cap:
+        problems.append(f"target config attn_logit_softcapping = {soft_cap} is not applied "
+                        "by tree attention (supported: none)")
+    if model_config.uses_alibi:
+        problems.append("target uses ALiBi positions, which tree attention does not apply "
+                        "(supported: RoPE)")
+    kv_dtype = resolve_kv_cache_dtype_string(str(engine_args.kv_cache_dtype), model_config)
+    if is_quantized_kv_cache(kv_dtype):
+        problems.append(f"engine key 'kv_cache_dtype' = {engine_args.kv_cache_dtype!r} resolves "
+                        f"to {kv_dtype!r} for this checkpoint: tree attention and KV compaction "
+                        "read unscaled K/V (supported: 'auto' resolving to the model dtype, "
+                        "'float16', 'bfloat16')")
+    head = model_config.get_head_size()
+    if on_cuda and config.tree != "chain" and (head < 16 or head & (head - 1)):
+        problems.append(f"target head size {head} is not supported by the Triton tree "
+                        "attention kernel (supported: powers of two >= 16, or tree 'chain')")
+    if config.vllm_options.get("disable_padded_drafter_batch"):
+        problems.append("speculative_config key 'disable_padded_drafter_batch' = True is not "
+                        "supported: the drafter's context order assumes vLLM's padded drafter "
+                        "batch (supported: false, the default)")
+    problems += runner_problems(engine_args)
+    return problems
+
+
+def runner_problems(engine_args: Any) -> list[str]:
+    """Settings that route an engine to vLLM's V2 model runner, which dartree does not hook."""
+    problems = []
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("1", "true"):
+        problems.append("environment VLLM_USE_V2_MODEL_RUNNER=1 selects vLLM's V2 model "
+                        "runner; dartree runs on the V1 runner (unset it or set 0)")
+    if getattr(engine_args, "watermark_config", None) is not None:
+        problems.append("engine key 'watermark_config' is set: watermarking needs vLLM's V2 "
+                        "model runner, and dartree runs on the V1 runner (supported: unset)")
+    return problems
+
+
+def v2_runner_problem(vllm_config: Any) -> str | None:
+    """Why a dartree VllmConfig would need the V2 runner (its V1/V2 choice), or None."""
+    if getattr(vllm_config.attention_config, "hisparse_config", None) is not None:
+        return ("attention_config.hisparse_config is set: HiSparse needs vLLM's V2 model "
+                "runner, and dartree runs on the V1 runner (supported: unset)")
+    if getattr(vllm_config, "watermark_config", None) is not None:
+        return ("watermark_config is set: watermarking needs vLLM's V2 model runner, and "
+                "dartree runs on the V1 runner (supported: unset)")
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("1", "true"):
+        return ("environment VLLM_USE_V2_MODEL_RUNNER=1 selects vLLM's V2 model runner; "
+                "dartree runs on the V1 runner (unset it or set 0)")
+    return None
+
+
+def unsupported_layer_features(impl: Any) -> list[str]:
+    """Per-layer features of a target attention layer that tree attention cannot honour."""
+    features = {
+        "attention sinks": getattr(impl, "sinks", None) is not None,
+        "sliding window": getattr(impl, "sliding_window", None) not in (None, -1, (-1, -1)),
+        "ALiBi": getattr(impl, "alibi_slopes", None) is not None,
+        "logits soft cap": bool(getattr(impl, "logits_soft_cap", None)),
+        "cross-layer KV sharing": getattr(impl, "kv_sharing_target_layer_name", None)
+        is not None,
+    }
+    return [name for name, used in features.items() if used]
+
+
+def refuse_layer(impl: Any, backend: str) -> None:
+    """Raise at layer construction (before weights load) in a dartree engine."""
+    from vllm.config.vllm import get_current_vllm_config_or_none
+
+    spec = getattr(get_current_vllm_config_or_none(), "speculative_config", None)
+    if getattr(spec, "dartree", None) is None:
+        return  # the backend override is process-wide; other engines are not ours to refuse
+    features = unsupported_layer_features(impl)
+    if features:
+        raise DARTreeConfigError(
+            f"the target's attention layers use {', '.join(features)}, which dartree's "
+            f"{backend} tree attention does not support; {SUPPORTED_TEXT}")

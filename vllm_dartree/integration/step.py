@@ -1,0 +1,132 @@
+"""One DARTree step, phase by phase, in the order vLLM's V1 model runner calls it.
+
+=====================================  ==========================  ===========================
+vLLM call (``GPUModelRunner``)         phase                       here
+=====================================  ==========================  ===========================
+``_prepare_inputs`` (after it)         plan                        :meth:`TreeStep.plan`
+``_model_forward`` (around it)         depth positions, tree mask  :meth:`TreeStep.target_forward`
+  each attention layer                 tree attention              ``cpu_attention`` /
+                                                                   ``gpu_attention`` (reads
+                                                                   ``tree_context``)
+``_sample`` (instead of it)            accept, KV compaction       :meth:`TreeStep.accept`
+                                                                   -> ``verifier.TreeVerifier``
+``drafter.propose``                    drafter context             :meth:`TreeStep.draft_context`
+                                       draft, tree build           ``proposer.DARTreeProposer``
+                                       hand the trees over         :meth:`TreeStep.hand_over`
+=====================================  ==========================  ===========================
+
+Data flows one way around the loop: proposal -> plan -> accepted paths -> drafter context
+-> proposal. Each piece of state is consumed by the phase that reads it, and :meth:`plan`
+(the first phase of every step) drops anything an earlier step left behind, so nothing can
+outlive the step it belongs to (vLLM skips ``propose`` for a whole batch near
+``max_model_len``). The runner patches (``runner.py``) translate vLLM's objects into the
+plain arguments used here; this module imports no vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+
+from vllm_dartree.integration import tree_context
+from vllm_dartree.integration.verifier import TreeVerifier
+from vllm_dartree.integration.verify_plan import (
+    AcceptedPaths,
+    Proposal,
+    VerifyPlan,
+    accepted_row_order,
+    build_plan,
+    depth_position_values,
+)
+from vllm_dartree.tree import DraftTree
+
+KvMover = Callable[[AcceptedPaths, Any], None]
+
+
+class TreeStep:
+    """The per-engine state of the tree step in progress (one per model runner).
+
+    ``move_kv(accepted, kv_caches)`` moves each accepted path's KV to consecutive slots in
+    every target layer of ``kv_caches`` (what :meth:`target_forward` was given), in the
+    platform's page layout.
+    """
+
+    def __init__(self, budget: int, device: torch.device, verifier: TreeVerifier,
+                 move_kv: KvMover) -> None:
+        self.budget = budget
+        self.device = device
+        self.verifier = verifier
+        self.move_kv = move_kv
+        self.step = 0  # steps planned so far
+        self._proposal: Proposal | None = None  # trees for the next step's verify
+        self._plan: VerifyPlan | None = None  # this step's verify layout
+        self._kv_caches: Any = None  # the target layers' KV of this step's forward
+        self._accepted: AcceptedPaths | None = None  # this step's paths, for the context
+
+    # ---- phase 1: plan (after vLLM laid the step's tokens out) --------------------------
+    def plan(self, req_ids: list[str], num_drafts: list[int] | None,
+             num_scheduled: np.ndarray, chain_drafts: dict[str, list[int]],
+             verify_as_chain: bool) -> VerifyPlan | None:
+        """Lay out this step's tree verification; None when vLLM verifies it (no drafts, or
+        a batch whose sampling reads the drafted prefix)."""
+        self.step += 1
+        proposal, self._proposal = self._proposal, None
+        self._plan = self._kv_caches = self._accepted = None
+        if num_drafts is None or verify_as_chain:
+            return None
+        if proposal is not None and proposal.step != self.step - 1:
+            proposal = None  # proposed for a step that was never verified
+        self._plan = build_plan(self.step, req_ids[: len(num_drafts)], num_drafts,
+                                num_scheduled, proposal, chain_drafts, self.budget,
+                                self.device)
+        return self._plan
+
+    # ---- phase 2: the target forward ----------------------------------------------------
+    @contextmanager
+    def target_forward(self, positions: torch.Tensor | None, kv_caches: Any
+                       ) -> Iterator[VerifyPlan | None]:
+        """Around the target's forward: depth positions written into vLLM's positions buffer
+        (in place: CUDA-graph replays read it; restored afterwards, before the drafter and
+        sampler read it) and the plan published to the attention backends."""
+        plan = self._plan
+        if plan is None or positions is None:
+            yield None
+            return
+        self._kv_caches = kv_caches
+        sequential = positions[plan.node_rows].clone()
+        positions[plan.node_rows] = depth_position_values(plan, positions)
+        try:
+            with tree_context.tree_verify(plan):
+                yield plan
+        finally:
+            positions[plan.node_rows] = sequential
+
+    # ---- phase 3: accept and compact, in place of vLLM's sampler ------------------------
+    def accept(self, logits: torch.Tensor, sampling: Any, max_spec_len: int
+               ) -> torch.Tensor | None:
+        """Sampled token ids [R, max_spec_len + 1] of a tree step (vLLM's sampler contract),
+        or None when this step has no plan (vLLM's own sampler runs)."""
+        plan, self._plan = self._plan, None
+        kv_caches, self._kv_caches = self._kv_caches, None
+        if plan is None:
+            return None
+        sampled, self._accepted = self.verifier.verify(
+            plan, logits, sampling, max_spec_len, lambda paths: self.move_kv(paths, kv_caches))
+        return sampled
+
+    # ---- phase 4: the drafter's next context --------------------------------------------
+    def draft_context(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The target's hidden states with each accepted path's rows first, in path order
+        (what the drafter conditions on); unchanged after a step without a tree."""
+        accepted, self._accepted = self._accepted, None
+        if accepted is None:
+            return hidden_states
+        return hidden_states[accepted_row_order(accepted, hidden_states.shape[0])]
+
+    def hand_over(self, req_ids: list[str], tree: DraftTree) -> None:
+        """The drafter's trees (row r for ``req_ids[r]``), verified by the next step."""
+        self._proposal = Proposal(self.step, {r: i for i, r in enumerate(req_ids)}, tree)

@@ -1,0 +1,31 @@
+"""Hand-built verify plans for unit tests: a batch laid out as vLLM's V1 runner lays it out."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vllm_dartree.integration.verify_plan import Proposal, VerifyPlan, build_plan
+from vllm_dartree.tree import DraftTree, stack_trees
+
+
+def plan_of(trees: list[DraftTree], num_drafts: list[int], num_scheduled: list[int],
+            budget: int | None = None) -> VerifyPlan:
+    """The plan of a batch whose request b schedules ``num_scheduled[b]`` rows, the last
+    ``num_drafts[b] + 1`` of them its root and drafts; ``trees`` are the drafted requests'
+    trees, in batch order. Request ids are ``"r0"``, ``"r1"``, ..."""
+    req_ids = [f"r{b}" for b in range(len(num_drafts))]
+    drafted = [r for r, n in zip(req_ids, num_drafts) if n > 0]
+    assert len(drafted) == len(trees), "one tree per request with drafts"
+    tree = stack_trees(trees)
+    proposal = Proposal(0, {r: i for i, r in enumerate(drafted)}, tree)
+    plan = build_plan(1, req_ids, num_drafts, np.asarray(num_scheduled), proposal, {},
+                      budget or tree.budget, torch.device("cpu"))
+    assert plan is not None
+    return plan
+
+
+def layout_for_roots(root_rows: list[int], num_drafts: list[int]) -> list[int]:
+    """``num_scheduled`` of a batch of drafted requests whose roots sit at ``root_rows``."""
+    ends = [root + n + 1 for root, n in zip(root_rows, num_drafts)]
+    return [end - start for start, end in zip([0, *ends[:-1]], ends)]
