@@ -96,6 +96,22 @@ def test_near_max_model_len_and_chunked_prefill(engines, tiny_target, tiny_domin
     assert generate_ids(llm, prompts, sampling) == expected
 
 
+def test_one_request_reaching_max_model_len_while_others_decode(engines, tiny_target,
+                                                               tiny_domino):
+    """Near max_model_len vLLM skips drafting for the whole batch; the last tree step's
+    state must not reach a later step (output identical, no crash)."""
+    prompts = (random_prompts(1, VOCAB, seed=41, min_len=100, max_len=100)
+               + random_prompts(5, VOCAB, seed=42, min_len=4, max_len=10))
+    engine = {"max_model_len": 160, "max_num_seqs": 8, "max_num_batched_tokens": 512}
+    sampling = params(max_tokens=120)
+    expected = generate_ids(engines.get(model=str(tiny_target), **engine), prompts, sampling)
+    assert len(prompts[0]) + len(expected[0]) == 160  # the long request hits the limit
+    assert all(len(out) == 120 for out in expected[1:])  # the others run past that point
+    llm = engines.get(model=str(tiny_target), **engine, speculative_config=dartree(
+        tiny_domino, num_speculative_tokens=24, width=4, top_k=8))
+    assert generate_ids(llm, prompts, sampling) == expected
+
+
 def test_prefix_caching_and_preemption(engines, tiny_target, tiny_domino):
     """Shared prefixes with prefix caching on, and a KV cache small enough to preempt."""
     stem = random_prompts(1, VOCAB, seed=8, min_len=140, max_len=140)[0]

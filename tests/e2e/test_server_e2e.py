@@ -80,16 +80,46 @@ def test_dartree_server_answers_concurrent_load(target_only_answers):
         answers = _serve_all(base)
         assert http_text(base + "/health") is not None  # still serving after the aborts
         metrics = http_text(base + "/metrics")
-    requests = _requests()
-    for request, got, expected in zip(requests, answers, target_only_answers):
-        if request["abort"]:
-            assert got["aborted"]
-        elif request["body"]["temperature"] == 0.0:
-            assert got["text"] == expected["text"], request
-        else:
-            assert got["text"]  # sampled: any text, but an answer
+    _check_answers(answers, target_only_answers)
     drafts = _metric(metrics, "vllm:spec_decode_num_drafts_total")
     draft_tokens = _metric(metrics, "vllm:spec_decode_num_draft_tokens_total")
     accepted = _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total")
     assert drafts > 0 and 0 < draft_tokens <= 64 * drafts
     assert 0 < accepted <= draft_tokens
+
+
+def _check_answers(answers, target_only_answers) -> None:
+    for request, got, expected in zip(_requests(), answers, target_only_answers):
+        if request["abort"]:
+            assert got["aborted"]
+        elif request["body"]["temperature"] == 0.0:
+            assert got["text"] == expected["text"], request
+        else:
+            assert got["text"]
+
+
+def test_cli_shortcut_flags_serve_like_the_json_form(target_only_answers):
+    """--spec-method dartree --spec-model D --spec-tokens B, as `vllm serve` users type it."""
+    drafter = write_drafter(DrafterSpec(target=SPEC, domino=True))
+    with running_server(write_target(SPEC), *SERVER_ARGS, "--spec-method", "dartree",
+                        "--spec-model", str(drafter), "--spec-tokens", "24",
+                        log_name="server_flags.log") as base:
+        answers = _serve_all(base)
+        metrics = http_text(base + "/metrics")
+    _check_answers(answers, target_only_answers)
+    drafts = _metric(metrics, "vllm:spec_decode_num_drafts_total")
+    assert 0 < _metric(metrics, "vllm:spec_decode_num_draft_tokens_total") <= 24 * drafts
+
+
+def test_tensor_parallel_server(target_only_answers):
+    """Two ranks (one core each): the same greedy answers as the TP=1 target alone."""
+    drafter = write_drafter(DrafterSpec(target=SPEC, domino=True))
+    spec = json.dumps({"method": "dartree", "model": str(drafter)})
+    with running_server(write_target(SPEC), *SERVER_ARGS, "--speculative-config", spec,
+                        "--tensor-parallel-size", "2", "--distributed-executor-backend", "mp",
+                        log_name="server_tp2.log",
+                        env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}) as base:
+        answers = _serve_all(base)
+        metrics = http_text(base + "/metrics")
+    _check_answers(answers, target_only_answers)
+    assert _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total") > 0

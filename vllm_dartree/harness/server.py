@@ -50,9 +50,10 @@ def http_text(url: str, timeout: float = 30.0) -> str:
 @contextmanager
 def running_server(
     model: str | Path, *extra_args: str, served_name: str = "tiny", startup_timeout: float = 240.0,
-    log_name: str = "server.log",
+    log_name: str = "server.log", env: dict[str, str] | None = None,
 ) -> Iterator[str]:
-    """Start the OpenAI server; yield its base URL; stop it (and its engine) afterwards."""
+    """Start the OpenAI server; yield its base URL; stop it (and its engine) afterwards.
+    ``env`` adds environment variables for the server's processes."""
     apply_process_defaults()
     port = free_port()
     log_path = cache_dir() / "logs" / log_name
@@ -62,7 +63,7 @@ def running_server(
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_name,
         *extra_args,
     ]
-    env = dict(os.environ)
+    env = dict(os.environ) | (env or {})
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs its normal process tree
     with open(log_path, "w") as log:
         proc = subprocess.Popen(

@@ -56,7 +56,8 @@ def setup_problems(config: DARTreeConfig, engine_args: Any, model_config: Any,
                         "sharing would compact a shared cache twice (supported: 0)")
     window = model_config.get_sliding_window()
     layer_types = set(getattr(text, "layer_types", None) or ())
-    if window is not None or "sliding_attention" in layer_types:
+    if not model_config.disable_sliding_window and (
+            window is not None or "sliding_attention" in layer_types):
         problems.append(f"target sliding window = {window} (layer types "
                         f"{sorted(layer_types) or 'uniform'}): tree attention covers full "
                         "attention only (supported: no sliding window, or "

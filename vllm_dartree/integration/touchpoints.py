@@ -105,6 +105,7 @@ NAMES: tuple[VllmName, ...] = _names(
     VllmName("vllm.config.model:ModelConfig.is_encoder_decoder"),
     VllmName("vllm.config.model:ModelConfig.uses_alibi"),
     VllmName("vllm.config.model:ModelConfig.get_sliding_window"),
+    VllmName("vllm.config.model:ModelConfig.disable_sliding_window"),
     VllmName("vllm.config.model:ModelConfig.get_head_size"),
     VllmName("vllm.config.speculative:SpeculativeConfig.draft_model_config"),
     VllmName("vllm.config.attention:AttentionConfig.validate_backend_before", ("value",)),

@@ -1,0 +1,52 @@
+"""Tensor parallelism on this CPU (two ranks, one core each, vLLM's mp executor): every tree
+variant gives exactly the output of TP=1 target-only decoding."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_dartree.harness.engine import generate_ids, spec_decode_counters
+from vllm_dartree.models.tiny import TargetSpec, random_prompts
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS = random_prompts(8, TargetSpec().vocab_size, seed=31, min_len=2, max_len=50)
+BATCH = {"max_num_seqs": 8, "max_num_batched_tokens": 1024}
+TP2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
+VARIANTS = [
+    ("pruned", {}),
+    ("fixed", {"tree": "fixed"}),
+    ("ddtree", {"tree": "ddtree"}),
+    ("domino-chain", {"tree": "chain", "correction": True}),
+    ("dflash-chain", {"tree": "chain", "correction": False}),
+]
+
+
+def greedy():
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def one_core_per_rank():
+    """vLLM-CPU refuses TP=2 on two cores unless each rank is bound to its own core."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def tp1_target_only(engines, tiny_target):
+    return generate_ids(engines.get(model=str(tiny_target), **BATCH), PROMPTS, greedy())
+
+
+@pytest.mark.parametrize(("name", "settings"), VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_every_variant_at_tp2_matches_tp1_target_only(engines, tiny_target, tiny_domino,
+                                                      tp1_target_only, one_core_per_rank,
+                                                      name, settings):
+    llm = engines.get(model=str(tiny_target), **BATCH, **TP2, speculative_config={
+        "method": "dartree", "model": str(tiny_domino), **settings})
+    assert generate_ids(llm, PROMPTS, greedy()) == tp1_target_only
+    assert spec_decode_counters(llm)["num_drafts"] > 0

@@ -1,0 +1,174 @@
+"""Setups a dartree engine cannot serve correctly are refused when vLLM builds the engine
+config, before any weight loads, with the setting, its value and what is supported."""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vllm_dartree.config import DARTreeConfig, DARTreeConfigError
+from vllm_dartree.integration import refusals
+from vllm_dartree.models.tiny import TargetSpec, _qwen3_config
+
+
+def config_only_target(tmp_path, name: str, **changes) -> str:
+    """A target checkpoint folder with only a config.json (nothing loads weights here)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(_qwen3_config(TargetSpec()) | changes))
+    return str(folder)
+
+
+def engine_config(model: str, drafter, **engine):
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_dartree.plugin import register
+
+    register()  # the gate, as vLLM's plugin loader installs it
+    speculative = {"method": "dartree", "model": str(drafter),
+                   **engine.pop("speculative", {})}
+    return EngineArgs(model=model, skip_tokenizer_init=True, dtype="float32",
+                      speculative_config=speculative, **engine).create_engine_config()
+
+
+def refused(match: str, model: str, drafter, **engine) -> str:
+    with pytest.raises(DARTreeConfigError, match=match) as err:
+        engine_config(model, drafter, **engine)
+    assert "Supported setups" in str(err.value)
+    return str(err.value)
+
+
+def test_a_supported_setup_builds(tmp_path, tiny_domino):
+    config = engine_config(config_only_target(tmp_path, "plain"), tiny_domino)
+    assert config.speculative_config.dartree.tree == "pruned"
+    assert config.use_v2_model_runner is False
+
+
+def test_pipeline_parallel_is_refused(tmp_path, tiny_domino):
+    refused(r"'pipeline_parallel_size' = 2 is not supported", config_only_target(
+        tmp_path, "pp"), tiny_domino, pipeline_parallel_size=2,
+        distributed_executor_backend="mp")
+
+
+def test_m_rope_targets_are_refused(tmp_path, tiny_domino):
+    model = config_only_target(tmp_path, "mrope", rope_scaling={
+        "rope_type": "default", "mrope_section": [4, 6, 6]})
+    refused(r"uses M-RoPE", model, tiny_domino)
+
+
+@pytest.mark.parametrize(("arch", "fields"), [
+    ("JambaForCausalLM", {"model_type": "jamba", "attn_layer_period": 2,
+                          "attn_layer_offset": 1, "expert_layer_period": 8,
+                          "num_experts": 1, "mamba_d_state": 16}),
+    ("MambaForCausalLM", {"model_type": "mamba", "state_size": 16, "expand": 2,
+                          "conv_kernel": 4}),
+])
+def test_recurrent_and_hybrid_targets_are_refused(tmp_path, tiny_domino, arch, fields):
+    model = config_only_target(tmp_path, arch, architectures=[arch], **fields)
+    refused(r"recurrent or hybrid", model, tiny_domino)
+
+
+def test_cross_layer_kv_sharing_is_refused():
+    problems = setup_problems(text=SimpleNamespace(num_kv_shared_layers=4))
+    assert any("num_kv_shared_layers = 4" in p for p in problems)
+
+
+def test_sliding_window_targets_are_refused(tmp_path, tiny_domino):
+    model = config_only_target(tmp_path, "swa", sliding_window=64, use_sliding_window=True,
+                               max_window_layers=0)
+    refused(r"sliding window = 64", model, tiny_domino)
+    # vLLM's own switch turns the window off: then the target is a full-attention one.
+    engine_config(model, tiny_domino, disable_sliding_window=True)
+
+
+def test_an_fp8_kv_cache_is_refused(tmp_path, tiny_domino):
+    refused(r"'kv_cache_dtype' = 'fp8' resolves to 'fp8'",
+            config_only_target(tmp_path, "fp8"), tiny_domino, kv_cache_dtype="fp8")
+
+
+def test_a_kv_dtype_the_checkpoint_turns_into_fp8_is_refused():
+    """'auto' resolves as vLLM resolves it: a ModelOpt checkpoint's KV scheme makes it fp8."""
+    quantized = SimpleNamespace(quantization_config={
+        "quant_method": "modelopt", "quantization": {"kv_cache_quant_algo": "FP8"}})
+    problems = setup_problems(hf_config=quantized)
+    assert any("'kv_cache_dtype' = 'auto' resolves to 'fp8_e4m3'" in p for p in problems)
+
+
+def test_head_sizes_the_triton_kernel_cannot_take_are_refused_on_cuda():
+    assert any("head size 96" in p for p in setup_problems(head=96, on_cuda=True))
+    assert not setup_problems(head=96, on_cuda=False)  # the CPU path takes any head size
+    assert not setup_problems(head=128, on_cuda=True)
+    assert not setup_problems(head=96, on_cuda=True, tree="chain")  # no tree kernel
+
+
+def test_disable_padded_drafter_batch_is_refused(tmp_path, tiny_domino):
+    refused(r"'disable_padded_drafter_batch' = True is not supported",
+            config_only_target(tmp_path, "nopad"), tiny_domino,
+            speculative={"disable_padded_drafter_batch": True})
+
+
+def test_settings_that_need_the_v2_runner_are_refused(tmp_path, tiny_domino, monkeypatch):
+    model = config_only_target(tmp_path, "v2")
+    refused(r"'watermark_config' is set", model, tiny_domino,
+            watermark_config={"algorithm": "gumbel"})
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    refused(r"VLLM_USE_V2_MODEL_RUNNER=1", model, tiny_domino)
+
+
+def test_the_v1_switch_is_scoped_to_dartree_engines(tmp_path, tiny_domino):
+    """Only a dartree VllmConfig is forced onto V1; any other keeps vLLM's own choice (here:
+    watermarking selects V2), and a V2-only setting in a dartree one is refused."""
+    from vllm.config.vllm import VllmConfig
+
+    engine_config(config_only_target(tmp_path, "scope"), tiny_domino)  # activates
+    choose = VllmConfig.use_v2_model_runner.fget
+    no_features = SimpleNamespace(hisparse_config=None)
+    other = SimpleNamespace(speculative_config=None, attention_config=no_features,
+                            watermark_config=object())
+    assert choose(other) is True
+    dartree = SimpleNamespace(dartree=object())
+    assert choose(SimpleNamespace(speculative_config=dartree, attention_config=no_features,
+                                  watermark_config=None)) is False
+    hisparse = SimpleNamespace(speculative_config=dartree, watermark_config=None,
+                               attention_config=SimpleNamespace(hisparse_config=object()))
+    with pytest.raises(DARTreeConfigError, match="hisparse_config is set"):
+        choose(hisparse)
+
+
+def test_layers_with_sinks_or_windows_are_refused_in_dartree_engines_only(monkeypatch):
+    from vllm.config import vllm as vllm_config
+
+    layer = SimpleNamespace(sinks=torch.zeros(4), sliding_window=-1, alibi_slopes=None,
+                            logits_soft_cap=0, kv_sharing_target_layer_name=None)
+    monkeypatch.setattr(vllm_config, "_current_vllm_config", SimpleNamespace(
+        speculative_config=SimpleNamespace(dartree=object())))
+    with pytest.raises(DARTreeConfigError, match="attention sinks"):
+        refusals.refuse_layer(layer, "CPU")
+    monkeypatch.setattr(vllm_config, "_current_vllm_config", SimpleNamespace(
+        speculative_config=None))
+    refusals.refuse_layer(layer, "CPU")  # another engine: not ours to refuse
+
+
+def setup_problems(text=None, hf_config=None, head=64, on_cuda=False, tree="pruned"):
+    """setup_problems() for a plain model config with one thing changed."""
+    model_config = SimpleNamespace(
+        hf_text_config=text or SimpleNamespace(), hf_config=hf_config or SimpleNamespace(),
+        architectures=["Qwen3ForCausalLM"], uses_mrope=False, is_hybrid=False,
+        has_inner_state=False, is_attention_free=False, use_mla=False,
+        is_encoder_decoder=False, uses_alibi=False, get_sliding_window=lambda: None,
+        disable_sliding_window=False,
+        get_head_size=lambda: head)
+    config = DARTreeConfig(model="drafter", tree=tree)
+    return refusals.setup_problems(config, SimpleNamespace(kv_cache_dtype="auto"),
+                                   model_config, SimpleNamespace(pipeline_parallel_size=1),
+                                   on_cuda)
+
+
+@pytest.fixture(autouse=True)
+def _no_v2_env(monkeypatch):
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER"):
+        monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
