@@ -285,3 +285,24 @@ def test_the_sync_counter_sees_syncs():
         bool(x[0])
     assert syncs.calls == ["__getitem__ with a boolean mask", "item",
                            "repeat_interleave with tensor repeats", "__bool__"]
+
+
+def test_kv_compaction_sees_the_target_layers_only(monkeypatch):
+    """The drafter's attention layers share the target's KV group but hold no tree: the
+    KV move leaves them out."""
+    import vllm.forward_context as forward_context
+
+    from vllm_dartree.integration.runner import target_kv_caches
+
+    def layer(name):
+        return SimpleNamespace(kv_cache=torch.full((2,), float(len(name))), isa="vec")
+
+    names = ["model.layers.0.attn", "model.layers.1.attn", "draft.layers.0.attn"]
+    context = SimpleNamespace(
+        attn_metadata={n: SimpleNamespace(slot_mapping=torch.arange(3)) for n in names},
+        no_compile_layers={n: layer(n) for n in names})
+    monkeypatch.setattr(forward_context, "get_forward_context", lambda: context)
+    runner = SimpleNamespace(drafter=SimpleNamespace(
+        _draft_attn_layer_names={"draft.layers.0.attn"}))
+    found = target_kv_caches(runner)
+    assert [cache[0] for cache, _, _ in found] == [float(len(n)) for n in names[:2]]

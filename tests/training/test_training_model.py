@@ -9,8 +9,9 @@ import torch
 from safetensors import safe_open
 from training_helpers import SMALL, small_arch, small_drafter
 
+from vllm_dartree.checkpoint import DrafterLayout
 from vllm_dartree.models import tiny as tm
-from vllm_dartree.training.model import IGNORE_INDEX, DrafterArch, block_labels
+from vllm_dartree.training.model import IGNORE_INDEX, block_labels
 from vllm_dartree.training.train import export_drafter, load_drafter
 
 
@@ -55,7 +56,7 @@ def test_export_round_trip(tmp_path):
     assert exported == {k: tuple(v.shape) for k, v in released.items()}
     config = json.loads((out / "config.json").read_text())
     assert config == tm.drafter_config(released_spec()) | {"intermediate_size": 96}
-    assert DrafterArch.from_config(config) == model.arch
+    assert DrafterLayout.from_config(config) == model.arch
     again = load_drafter(out, model.embed, model.lm_head).eval()
     features, tokens, anchors = inputs(model)
     torch.testing.assert_close(again(features, tokens, anchors).corrected_logits,

@@ -95,3 +95,23 @@ def test_padding_rows_never_reach_real_rows(with_table):
         results.append((head.corrected_logprobs(*padded)[:real],
                         head.advance(padded[3], torch.cat([tokens, junk_tokens]))[:real]))
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+@pytest.mark.parametrize("max_requests", [1, 5, 8])
+def test_every_shape_a_build_uses_is_prepared_at_load(max_requests):
+    """capture_all_shapes makes (on CUDA: captures) every per-depth head call shape; serving
+    any batch of 1..max_requests requests afterwards prepares nothing new."""
+    from vllm_dartree.tree.build import capture_all_shapes
+
+    _, _, _, head = make_inputs(7, 1, with_table=True)
+    settings = dict(budget=12, top_k=8, width=3)
+    graphs = CorrectionGraphs(head, max_bucket=bucket_size(max_requests))
+    capture_all_shapes(graphs, {"pruned", "fixed", "chain"}, max_requests, DEPTHS,
+                       settings["budget"], settings["top_k"], settings["width"])
+    prepared = set(graphs._steps)
+    assert prepared
+    for requests in range(1, max_requests + 1):
+        base, hidden, root, _ = make_inputs(requests, requests, with_table=True)
+        for variant in ("pruned", "fixed", "chain"):
+            build_tree(variant, base, hidden, root, head, graphs=graphs, **settings)
+    assert set(graphs._steps) == prepared

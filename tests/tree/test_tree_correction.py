@@ -63,7 +63,7 @@ def test_input_gate_table_gives_the_same_states(head):
     torch.testing.assert_close(fast.advance(h, tokens), head.advance(h, tokens))
     torch.testing.assert_close(fast.root_state(tokens[:, 0]), head.root_state(tokens[:, 0]))
     with pytest.raises(ValueError, match="input_gate_table"):
-        DominoHead(head.embed, head.gru_ih, head.gru_hh, head.proj0, head.proj2,
+        DominoHead(head.embed, head.gru_ih, head.gru_hh, head.proj0, head.proj2, 1,
                    input_gate_table=fast.input_gate_table[:, 1:])
 
 
@@ -76,10 +76,10 @@ def test_corrects_depth_follows_pure_draft_prefix_len(head):
 def test_shape_validation():
     good = DominoHead.random(VOCAB, HIDDEN, STATE, PROJ)
     with pytest.raises(ValueError, match="gru_ih"):
-        DominoHead(good.embed, good.gru_ih[:-1], good.gru_hh, good.proj0, good.proj2)
+        DominoHead(good.embed, good.gru_ih[:-1], good.gru_hh, good.proj0, good.proj2, 1)
     with pytest.raises(ValueError, match="proj0"):
-        DominoHead(good.embed, good.gru_ih, good.gru_hh, good.proj0[:, :-1], good.proj2)
+        DominoHead(good.embed, good.gru_ih, good.gru_hh, good.proj0[:, :-1], good.proj2, 1)
     with pytest.raises(ValueError, match="proj2"):
-        DominoHead(good.embed, good.gru_ih, good.gru_hh, good.proj0, good.proj2[:, :-1])
+        DominoHead(good.embed, good.gru_ih, good.gru_hh, good.proj0, good.proj2[:, :-1], 1)
     with pytest.raises(ValueError, match="pure_draft_prefix_len"):
         DominoHead(good.embed, good.gru_ih, good.gru_hh, good.proj0, good.proj2, -1)

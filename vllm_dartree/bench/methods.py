@@ -14,10 +14,11 @@ Chains verify one node per drafter depth (the block, not B), as DFlash/Domino do
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from vllm_dartree.checkpoint import DrafterLayout
 
 METHODS: tuple[str, ...] = ("ar", "dflash", "ddtree", "domino", "dartree-fixed", "dartree-pruned")
 ALIASES = {"fixed": "dartree-fixed", "pruned": "dartree-pruned", "dartree": "dartree-pruned",
@@ -27,14 +28,21 @@ LABELS = {"ar": "AR", "dflash": "DFlash", "ddtree": "DDTree", "domino": "Domino"
 TREE_METHODS = ("ddtree", "dartree-fixed", "dartree-pruned")
 
 
+def config_default(key: str) -> Any:
+    """The default of a dartree config key (``vllm_dartree.config`` holds them all)."""
+    from vllm_dartree.config import DARTreeConfig
+
+    return DARTreeConfig.model_fields[key].default
+
+
 @dataclass(frozen=True)
 class TreeParams:
-    """Paper defaults: B = 64 nodes, K = 64 candidates, W = 12, beta = -0.2."""
+    """The tree settings of a benchmark run; defaults are the plugin's (the paper's)."""
 
-    budget: int = 64
-    top_k: int = 64
-    width: int = 12
-    depth_bonus: float = -0.2
+    budget: int = config_default("num_speculative_tokens")
+    top_k: int = config_default("top_k")
+    width: int = config_default("width")
+    depth_bonus: float = config_default("depth_bonus")
 
 
 def canonical(name: str) -> str:
@@ -46,10 +54,7 @@ def canonical(name: str) -> str:
 
 def drafter_depths(drafter: str | Path) -> int:
     """Depths one drafter forward predicts: the block (shift layout) or block - 1."""
-    config = json.loads((Path(drafter) / "config.json").read_text())
-    block = int(config.get("block_size", 16) or 16)
-    shift = bool((config.get("dflash_config") or {}).get("shift_label", False))
-    return block if shift else block - 1
+    return DrafterLayout.from_dir(drafter).num_depths
 
 
 def speculative_config(method: str, drafter: str | Path | None, params: TreeParams,

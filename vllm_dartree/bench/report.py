@@ -52,7 +52,7 @@ def render(results: dict[str, Any]) -> str:
                       [("speedup", "Speedup", ".2f", "×"), ("tau", "τ", ".2f", "")]) + [""]
         out += [f"### Temperature {temp:g}: TPOT (ms, first token excluded)", ""]
         out += _table(rows, temp, datasets, methods, [("tpot_ms", "TPOT", ".1f", "")]) + [""]
-    out += _lossless_lines(results) + [""]
+    out += _profile_lines(results) + _lossless_lines(results) + [""]
     out += _concurrency_lines(results.get("concurrency") or [])
     return "\n".join(out).rstrip() + "\n"
 
@@ -105,4 +105,55 @@ def _concurrency_lines(rows: list[dict[str, Any]]) -> list[str]:
             cells.append(f"{_fmt(row.get('tokens_per_s'), '.1f')} "
                          f"({_fmt(row.get('speedup'), '.2f', '×')})")
         lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+PHASE_LABELS = {"drafter_forward": "drafter forward", "drafter_logits": "drafter logits",
+                "tree_build": "tree build", "target_forward": "target forward",
+                "stock_attention": "  stock attention", "tree_attention": "  tree attention",
+                "target_rest": "  rest of the forward", "accept": "sampling + acceptance",
+                "kv_compaction": "KV compaction", "host": "host / other",
+                "round": "round (total)"}
+
+
+def profile_rows(results: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Median ms per phase per method over every profiled round (all datasets, T)."""
+    from vllm_dartree.integration.profile import summarize
+
+    by_method: dict[str, list[dict[str, float]]] = {}
+    for block in results.get("profile") or []:
+        by_method.setdefault(block["method"], []).extend(block["rounds"])
+    table = {}
+    for method, rounds in by_method.items():
+        medians = summarize(rounds)
+        medians["target_rest"] = max(0.0, medians["target_forward"] - medians["stock_attention"]
+                                     - medians["tree_attention"])
+        counted = ("drafter_forward", "drafter_logits", "tree_build", "target_forward",
+                   "accept", "kv_compaction")
+        medians["host"] = max(0.0, medians["round"] - sum(medians[k] for k in counted))
+        medians["rounds"] = len(rounds)
+        table[method] = medians
+    return table
+
+
+def _profile_lines(results: dict[str, Any]) -> list[str]:
+    table = profile_rows(results)
+    if not table:
+        return []
+    methods = _ordered(set(table), METHODS)
+    ar = [r["tpot_ms"] for r in results["summary"] if r["method"] == "ar"
+          and r["dataset"] == "average" and r.get("tpot_ms")]
+    header = ["Phase"] + [f"{LABELS.get(m, m)} ms (share)" for m in methods]
+    lines = ["## Where a round's time goes (median ms, share of the round)", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for phase, label in PHASE_LABELS.items():
+        cells = [label]
+        for method in methods:
+            row = table[method]
+            share = row[phase] / row["round"] if row["round"] else 0.0
+            cells.append(f"{row[phase]:.1f} ({share:.0%})")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("| rounds | " + " | ".join(str(table[m]["rounds"]) for m in methods) + " |")
+    if ar:
+        lines += ["", f"AR step in the same run (TPOT, mean over datasets): {ar[0]:.1f} ms."]
     return lines + [""]

@@ -16,6 +16,7 @@ import os
 import platform
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ class BenchConfig:
     save_trees: int = 16  # tree rounds kept for the first sample of each dataset
     seed: int = 0
     threads: int | None = None  # torch/OpenMP threads of the engines (None: torch's default)
+    profile: bool = False  # per-round phase times of every tree method (integration/profile.py)
     write: bool = True
     progress: bool = True
 
@@ -162,7 +164,7 @@ def run_benchmark(config: BenchConfig,
     slots = max(_draft_slots(config, m) for m in config.methods)
     max_len = fit_model_len(config, builder, samples, slots)
     results: dict[str, Any] = {"meta": meta(config, samples, max_len), "runs": [],
-                               "counters": []}
+                               "counters": [], "profile": [] if config.profile else None}
     started = time.perf_counter()
     with _progress(config, samples) as bar:
         for method in config.methods:
@@ -214,7 +216,7 @@ def _run_method(config: BenchConfig, method: str, builder: Any,
     llm = build_llm(**engine_args(config, max_len, spec, config.batch_size))
     keep = config.save_trees if spec else 0
     try:
-        with RoundRecorder(keep_limit=keep) as recorder:
+        with RoundRecorder(keep_limit=keep) as recorder, profiling(config, spec) as rounds:
             for temperature in map(float, config.temperatures):
                 settings = GenSettings(
                     max_new_tokens=config.max_new_tokens, temperature=temperature,
@@ -233,9 +235,26 @@ def _run_method(config: BenchConfig, method: str, builder: Any,
                     after = spec_decode_counters(llm)
                     results["counters"].append({"method": method, "temperature": temperature,
                                                 "dataset": dataset} | counter_delta(before, after))
+                    if rounds is not None:
+                        results["profile"].append({"method": method, "dataset": dataset,
+                                                   "temperature": temperature,
+                                                   "rounds": list(rounds)})
+                        rounds.clear()
                     results["runs"] += [run_record(method, temperature, c) for c in done]
     finally:
         shutdown_llm(llm)
+
+
+@contextmanager
+def profiling(config: BenchConfig, spec: dict[str, Any] | None):
+    """Per-round phase times while a speculative method runs (None when not profiling)."""
+    if not (config.profile and spec):
+        yield None
+        return
+    from vllm_dartree.integration.profile import StepProfile
+
+    with StepProfile.recording() as rounds:
+        yield rounds
 
 
 def counter_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -377,10 +396,12 @@ def parser() -> argparse.ArgumentParser:
                    help="also serve each method over OpenAI and measure C concurrent clients")
     p.add_argument("--batch-size", type=int, help="requests in flight in the in-process run "
                    "(default 1: one at a time)")
-    p.add_argument("--budget", type=int, help="B, verify nodes per tree (default 64)")
-    p.add_argument("--top-k", type=int, help="K candidates per depth (default 64)")
-    p.add_argument("--width", type=int, help="W, pruned supertree width (default 12)")
-    p.add_argument("--depth-bonus", type=float, help="beta for pruned (default -0.2)")
+    tree = TreeParams()
+    p.add_argument("--budget", type=int, help=f"B, verify nodes per tree (default {tree.budget})")
+    p.add_argument("--top-k", type=int, help=f"K candidates per depth (default {tree.top_k})")
+    p.add_argument("--width", type=int, help=f"W, pruned supertree width (default {tree.width})")
+    p.add_argument("--depth-bonus", type=float,
+                   help=f"beta for pruned (default {tree.depth_bonus})")
     p.add_argument("--dtype", help="engine dtype (default auto)")
     p.add_argument("--threads", type=int, help="torch/OpenMP threads per engine (default: "
                    "torch's; use 1 on a CPU shared with other jobs)")
@@ -391,6 +412,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--save-trees", type=int, help="tree rounds kept for the first sample of "
                    "each dataset (default 16)")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+    p.add_argument("--profile", action="store_true", default=None,
+                   help="time every phase of every tree round (drafter, tree build, target "
+                   "forward with stock and tree attention, acceptance, KV compaction, host); "
+                   "medians in table.md, every round in results.json")
     p.add_argument("--quick", action="store_true", help="all datasets and methods at T=0 on "
                    f"the SmolLM2 pair, {QUICK['num_samples']} samples x "
                    f"{QUICK['max_new_tokens']} tokens, B={QUICK['tree'].budget}, 1 thread, into "

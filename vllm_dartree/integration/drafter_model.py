@@ -11,109 +11,31 @@ for a z-lab DFlash checkpoint it is the stock model; for a Domino checkpoint
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
+from vllm_dartree.checkpoint import DrafterConfigError, DrafterLayout
 from vllm_dartree.tree import DominoHead
 from vllm_dartree.tree.correction import input_gate_table
 
 HEAD_PREFIXES = ("prefix_gru.", "embed_proj.")
 LEGACY_HEAD_PREFIX = "logit_head."  # older Domino exports nest the head under this name
-KNOWN_PROJECTORS = (None, "domino", "causal_v5")
 
 
-@dataclass(frozen=True)
-class DrafterLayout:
-    """What the proposer needs to know about a drafter checkpoint."""
-
-    block_size: int  # query slots per step: [root, mask x (block_size - 1)]
-    shift_label: bool  # True: every slot predicts the next position (Domino)
-    has_head: bool
-    mask_token_id: int
-    target_layer_ids: tuple[int, ...]
-    pure_draft_prefix_len: int
-    gru_hidden_dim: int | None
-    emb_dim: int | None
-
-    @property
-    def num_depths(self) -> int:
-        """Drafted positions per step: 16 for b16 Domino, 15 for b16 z-lab DFlash."""
-        return self.block_size if self.shift_label else self.block_size - 1
-
-
-class DrafterConfigError(ValueError):
-    """A drafter checkpoint that cannot serve the requested target or settings."""
+def hf_config_dict(hf_config: Any) -> dict[str, Any]:
+    """The drafter's config as vLLM loaded it, as the ``config.json`` dict it came from."""
+    return hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(vars(hf_config))
 
 
 def read_layout(hf_config: Any, *, target_vocab: int, target_hidden: int,
                 target_layers: int) -> DrafterLayout:
-    """Validate a drafter ``config.json`` against its target; name the field on error."""
-    def get(name: str, default: Any = None) -> Any:
-        return getattr(hf_config, name, default)
-
-    dflash = dict(get("dflash_config") or {})
-    projector = dflash.get("projector_type")
-    if projector not in KNOWN_PROJECTORS:
-        raise DrafterConfigError(
-            f"drafter config dflash_config.projector_type = {projector!r} is not supported; "
-            "allowed: absent (z-lab DFlash) or 'domino'"
-        )
-    has_head = projector in ("domino", "causal_v5")
-    if "mask_token_id" not in dflash and get("mask_token_id") is None:
-        raise DrafterConfigError(
-            "drafter config is missing dflash_config.mask_token_id (the id fed to the masked "
-            "block slots, e.g. 151669 for Qwen3)"
-        )
-    mask_token_id = int(dflash.get("mask_token_id", get("mask_token_id")))
-    vocab = get("vocab_size")
-    if vocab != target_vocab:
-        raise DrafterConfigError(
-            f"drafter config vocab_size = {vocab} does not match the target's {target_vocab}"
-        )
-    if not 0 <= mask_token_id < target_vocab:
-        raise DrafterConfigError(
-            f"drafter config dflash_config.mask_token_id = {mask_token_id} is outside the "
-            f"target's embedding (0..{target_vocab - 1})"
-        )
-    hidden = get("hidden_size")
-    if hidden != target_hidden:
-        raise DrafterConfigError(
-            f"drafter config hidden_size = {hidden} does not match the target's {target_hidden}"
-        )
-    layer_ids = tuple(int(i) for i in dflash.get("target_layer_ids") or ())
-    if not layer_ids:
-        raise DrafterConfigError("drafter config is missing dflash_config.target_layer_ids")
-    bad = [i for i in layer_ids if not 0 <= i < target_layers]
-    if bad:
-        raise DrafterConfigError(
-            f"drafter config dflash_config.target_layer_ids = {list(layer_ids)} has {bad} "
-            f"outside the target's layers 0..{target_layers - 1}"
-        )
-    block_size = int(get("block_size", 16) or 16)
-    if block_size < 2:
-        raise DrafterConfigError(f"drafter config block_size = {block_size} must be >= 2")
-    shift = bool(dflash.get("shift_label", False))
-    gru = dflash.get("gru_hidden_dim")
-    emb = dflash.get("emb_dim", get("emb_dim"))
-    if has_head and (gru is None or emb is None):
-        raise DrafterConfigError(
-            "Domino drafter config needs dflash_config.gru_hidden_dim and emb_dim "
-            f"(got gru_hidden_dim={gru!r}, emb_dim={emb!r})"
-        )
-    return DrafterLayout(
-        block_size=block_size,
-        shift_label=shift,
-        has_head=has_head,
-        mask_token_id=mask_token_id,
-        target_layer_ids=layer_ids,
-        pure_draft_prefix_len=int(dflash.get("pure_draft_prefix_len", 0)),
-        gru_hidden_dim=None if gru is None else int(gru),
-        emb_dim=None if emb is None else int(emb),
-    )
+    """The drafter's layout, checked against its target (errors name the field)."""
+    layout = DrafterLayout.from_config(hf_config_dict(hf_config))
+    layout.check_target(vocab=target_vocab, hidden=target_hidden, num_layers=target_layers)
+    return layout
 
 
 class DARTreeDraftModel(DFlashQwen3ForCausalLM):
@@ -121,13 +43,12 @@ class DARTreeDraftModel(DFlashQwen3ForCausalLM):
 
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        dflash = dict(getattr(self.config, "dflash_config", None) or {})
-        self.has_domino_head = dflash.get("projector_type") in ("domino", "causal_v5")
-        self.pure_draft_prefix_len = int(dflash.get("pure_draft_prefix_len", 0))
+        self.layout = DrafterLayout.from_config(hf_config_dict(self.config))
+        self.has_domino_head = self.layout.has_head
+        self.pure_draft_prefix_len = self.layout.pure_draft_prefix_len
         if self.has_domino_head:
             hidden = self.config.hidden_size
-            state = int(dflash["gru_hidden_dim"])
-            emb = int(dflash.get("emb_dim", getattr(self.config, "emb_dim", 0)))
+            state, emb = self.layout.gru_hidden_dim, self.layout.emb_dim
             dtype = vllm_config.model_config.dtype
             self.prefix_gru = nn.GRU(hidden, state, num_layers=1, bias=False, batch_first=True,
                                      dtype=dtype)

@@ -15,8 +15,10 @@ import torch
 from vllm.forward_context import set_forward_context
 from vllm.v1.spec_decode.dflash import DFlashProposer
 
+from vllm_dartree.checkpoint import DrafterLayout
 from vllm_dartree.config import DARTreeConfig
-from vllm_dartree.integration.drafter_model import DrafterLayout, read_layout
+from vllm_dartree.integration.drafter_model import read_layout
+from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.step import TreeStep
 from vllm_dartree.integration.verify_plan import needs_chain_verification
 from vllm_dartree.tree import build_tree
@@ -82,24 +84,27 @@ class DARTreeProposer(DFlashProposer):
                 common_attn_metadata, sampling_metadata, mm_embed_inputs=None,
                 num_rejected_tokens_gpu=None, slot_mappings=None) -> torch.Tensor:
         target_hidden_states = self.tree_step.draft_context(target_hidden_states)
-        depth_hidden = self._draft_block(
-            target_token_ids, target_positions, target_hidden_states, next_token_ids,
-            common_attn_metadata, num_rejected_tokens_gpu)
+        with StepProfile.phase("drafter_forward", self.device):
+            depth_hidden = self._draft_block(
+                target_token_ids, target_positions, target_hidden_states, next_token_ids,
+                common_attn_metadata, num_rejected_tokens_gpu)
         num_reqs, depths, hidden = depth_hidden.shape
-        base_logits = self.model.compute_logits(depth_hidden.reshape(-1, hidden))
-        base_logits = base_logits.view(num_reqs, depths, -1).float()
+        with StepProfile.phase("drafter_logits", self.device):
+            base_logits = self.model.compute_logits(depth_hidden.reshape(-1, hidden))
+            base_logits = base_logits.view(num_reqs, depths, -1).float()
         runner = self.target_runner
         req_ids = runner.input_batch.req_ids[:num_reqs]
         # A batch vLLM verifies as a chain gets the drafter's best chain.
         chain = any(needs_chain_verification(getattr(runner.requests.get(r), "sampling_params",
                                                      None)) for r in req_ids)
         settings = self.settings
-        tree = build_tree(
-            "chain" if chain else settings.tree, base_logits, depth_hidden.float(),
-            next_token_ids.to(torch.int64), self.head, budget=self.budget, top_k=self.top_k,
-            width=settings.width, depth_bonus=settings.effective_depth_bonus,
-            graphs=self.graphs,
-        )
+        with StepProfile.phase("tree_build", self.device):
+            tree = build_tree(
+                "chain" if chain else settings.tree, base_logits, depth_hidden.float(),
+                next_token_ids.to(torch.int64), self.head, budget=self.budget,
+                top_k=self.top_k, width=settings.width,
+                depth_bonus=settings.effective_depth_bonus, graphs=self.graphs,
+            )
         self.tree_step.hand_over(list(req_ids), tree)
         return tree.tokens
 

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from vllm_dartree.integration import tree_context
+from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.verifier import TreeVerifier
 from vllm_dartree.integration.verify_plan import (
     AcceptedPaths,
@@ -73,6 +74,7 @@ class TreeStep:
              verify_as_chain: bool) -> VerifyPlan | None:
         """Lay out this step's tree verification; None when vLLM verifies it (no drafts, or
         a batch whose sampling reads the drafted prefix)."""
+        StepProfile.new_round(self.device)
         self.step += 1
         proposal, self._proposal = self._proposal, None
         self._plan = self._kv_caches = self._accepted = None
@@ -100,7 +102,8 @@ class TreeStep:
         sequential = positions[plan.node_rows].clone()
         positions[plan.node_rows] = depth_position_values(plan, positions)
         try:
-            with tree_context.tree_verify(plan):
+            with tree_context.tree_verify(plan), StepProfile.phase("target_forward",
+                                                                   self.device):
                 yield plan
         finally:
             positions[plan.node_rows] = sequential

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.verify_plan import AcceptedPaths, VerifyPlan
 from vllm_dartree.tree import accept_tree, choose_tokens
 
@@ -64,15 +65,17 @@ class TreeVerifier:
         ``sampling`` is vLLM's SamplingMetadata for the batch (``all_greedy``,
         ``temperature``, ``top_k``, ``top_p`` per request, ``generators`` by batch position).
         """
-        choice = self.target_choice(logits, plan, sampling)  # [num_logit_rows]
-        result = accept_tree(plan.tree, choice[plan.node_logit_rows])
-        out = torch.full((len(plan.logit_starts), max_spec_len + 1), -1, dtype=torch.int64,
-                         device=logits.device)
-        out[:, 0] = choice[plan.first_logit_row]  # requests without drafts: the bonus only
-        width = min(result.accepted_tokens.shape[1], out.shape[1])
-        out[plan.batch_index, :width] = result.accepted_tokens[:, :width]
+        with StepProfile.phase("accept", logits.device):
+            choice = self.target_choice(logits, plan, sampling)  # [num_logit_rows]
+            result = accept_tree(plan.tree, choice[plan.node_logit_rows])
+            out = torch.full((len(plan.logit_starts), max_spec_len + 1), -1,
+                             dtype=torch.int64, device=logits.device)
+            out[:, 0] = choice[plan.first_logit_row]  # requests without drafts: bonus only
+            width = min(result.accepted_tokens.shape[1], out.shape[1])
+            out[plan.batch_index, :width] = result.accepted_tokens[:, :width]
         accepted = AcceptedPaths(plan, result.accepted_nodes, result.num_accepted)
-        compact_kv(accepted)
+        with StepProfile.phase("kv_compaction", logits.device):
+            compact_kv(accepted)
         self.stats.record(accepted)
         for observer in self._observers:
             observer(accepted)

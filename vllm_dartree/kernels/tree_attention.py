@@ -30,6 +30,7 @@ import math
 import torch
 
 from vllm_dartree.kernels.launch import LazyKernel, require_launchable, use_triton
+from vllm_dartree.tree.types import verify_visibility
 
 tl = None  # bound by LazyKernel at the first launch
 
@@ -79,14 +80,11 @@ def tree_attention_torch(
     blocks = block_table.to(torch.int64).gather(1, pos // block_size)  # [R, L]
     keys = key_cache[blocks, pos % block_size].transpose(1, 2)  # [R, kvh, L, D]
     values = value_cache[blocks, pos % block_size].transpose(1, 2)
-    # Visible: the committed prefix, then tree column j = position - base by the mask.
+    # Visible: the committed prefix, then the tree columns by the mask (one definition,
+    # shared with the CPU backend: vllm_dartree.tree.verify_visibility).
     rows = torch.arange(size, device=device)
     scheduled = rows.unsqueeze(0) < num_rows.unsqueeze(1)  # [R, 1+B]
-    tree_col = key_pos.unsqueeze(0) - base.unsqueeze(1)  # [R, L]
-    in_tree = (tree_col >= 0) & (tree_col < num_rows.unsqueeze(1))
-    tree_mask = unpack_bits(ancestor_bits, size)  # [R, 1+B, 1+B]
-    anc = tree_mask.gather(2, tree_col.clamp(0, size - 1).unsqueeze(1).expand(-1, size, -1))
-    visible = torch.where(in_tree.unsqueeze(1), anc, (tree_col < 0).unsqueeze(1))
+    visible = verify_visibility(unpack_bits(ancestor_bits, size), base, num_rows, max_len)
     visible = visible | ~scheduled.unsqueeze(2)  # padding rows: anything finite, never stored
     seg_rows = (root_row.to(torch.int64).unsqueeze(1) + rows).clamp(0, query.shape[0] - 1)
     q = query[seg_rows].transpose(1, 2)  # [R, H, 1+B, D]

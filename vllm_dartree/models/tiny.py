@@ -21,8 +21,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from vllm_dartree.checkpoint import DrafterLayout
 from vllm_dartree.env import cache_dir
 
+TINY_ROPE_THETA = 10000.0
 # CPU attention supports only these head sizes.
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
@@ -128,7 +130,7 @@ def _qwen3_config(spec: TargetSpec) -> dict:
         "hidden_act": "silu",
         "max_position_embeddings": spec.max_position_embeddings,
         "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
+        "rope_theta": TINY_ROPE_THETA,
         "attention_bias": False,
         "tie_word_embeddings": False,
         "bos_token_id": 0,
@@ -161,30 +163,27 @@ def write_target(spec: TargetSpec = TargetSpec()) -> Path:
     return _cached_dir("qwen3", spec, write)
 
 
+def drafter_layout(spec: DrafterSpec) -> DrafterLayout:
+    """The layout of a DFlash (z-lab) or Domino drafter for ``spec.target``."""
+    t = spec.target
+    return DrafterLayout(
+        vocab_size=t.vocab_size, hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size, num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
+        head_dim=t.head_dim, target_layer_ids=spec.target_layer_ids,
+        mask_token_id=spec.mask_token_id, num_target_layers=t.num_hidden_layers,
+        block_size=spec.block_size, shift_label=spec.domino,
+        head="domino" if spec.domino else None,
+        gru_hidden_dim=spec.gru_hidden_dim if spec.domino else None,
+        emb_dim=spec.emb_dim if spec.domino else None,
+        pure_draft_prefix_len=spec.pure_draft_prefix_len if spec.domino else 0,
+        rope_theta=TINY_ROPE_THETA, max_position_embeddings=t.max_position_embeddings,
+    )
+
+
 def drafter_config(spec: DrafterSpec) -> dict:
     """config.json of a DFlash (z-lab) or Domino drafter for ``spec.target``."""
-    t = spec.target
-    dflash_config: dict = {
-        "mask_token_id": spec.mask_token_id,
-        "target_layer_ids": list(spec.target_layer_ids),
-    }
-    config = _qwen3_config(t) | {
-        "architectures": ["DFlashDraftModel"],
-        "num_hidden_layers": spec.num_hidden_layers,
-        "block_size": spec.block_size,
-        "num_target_layers": t.num_hidden_layers,
-        "dflash_config": dflash_config,
-    }
-    if spec.domino:
-        dflash_config |= {
-            "projector_type": "domino",
-            "pure_draft_prefix_len": spec.pure_draft_prefix_len,
-            "gru_hidden_dim": spec.gru_hidden_dim,
-            "emb_dim": spec.emb_dim,
-            "shift_label": True,
-        }
-        config["emb_dim"] = spec.emb_dim
-    return config
+    return drafter_layout(spec).to_config()
 
 
 def drafter_weights(spec: DrafterSpec) -> dict[str, torch.Tensor]:

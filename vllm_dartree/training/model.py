@@ -21,103 +21,22 @@ Parameter names equal the released checkpoint names, so ``state_dict()`` is the 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm_dartree.models.tiny import DrafterSpec, TargetSpec, drafter_config
+from vllm_dartree.checkpoint import DrafterLayout
 from vllm_dartree.tree.correction import DominoHead
 
 IGNORE_INDEX = -100
-# vLLM's DFlash layers fall back to this theta when the config names none
-# (``set_default_rope_theta(config, default_theta=1000000)``).
-VLLM_DEFAULT_ROPE_THETA = 1_000_000.0
 
 
-@dataclass(frozen=True)
-class DrafterArch:
-    """Every shape and constant of a drafter; round-trips through ``config.json``."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    num_target_layers: int
-    target_layer_ids: tuple[int, ...]
-    mask_token_id: int
-    block_size: int = 16
-    gru_hidden_dim: int = 64
-    emb_dim: int = 32
-    pure_draft_prefix_len: int = 1
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    max_position_embeddings: int = 2048
-
-    def to_config(self, dtype: str = "float32") -> dict[str, Any]:
-        """``config.json`` in the released Domino format (``models.tiny.drafter_config``)."""
-        target = TargetSpec(
-            vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_target_layers,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
-            max_position_embeddings=self.max_position_embeddings,
-        )
-        spec = DrafterSpec(
-            target=target, num_hidden_layers=self.num_hidden_layers,
-            block_size=self.block_size, target_layer_ids=tuple(self.target_layer_ids),
-            domino=True, gru_hidden_dim=self.gru_hidden_dim, emb_dim=self.emb_dim,
-            pure_draft_prefix_len=self.pure_draft_prefix_len,
-        )
-        config = drafter_config(spec)
-        config["dflash_config"]["mask_token_id"] = self.mask_token_id
-        return config | {
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "torch_dtype": dtype,
-        }
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> DrafterArch:
-        """Read a drafter ``config.json`` (ours, or a released Domino/DFlash one)."""
-        dflash = config.get("dflash_config") or {}
-        unsupported = (config.get("is_causal") or dflash.get("causal") or dflash.get("use_swa")
-                       or "sliding_attention" in (config.get("layer_types") or ()))
-        if unsupported:
-            raise NotImplementedError("causal or sliding-window DFlash drafters are not "
-                                      "supported by the trainer (full non-causal attention only)")
-        rope = config.get("rope_parameters") or {}
-        theta = config.get("rope_theta", rope.get("rope_theta", VLLM_DEFAULT_ROPE_THETA))
-        heads = config["num_attention_heads"]
-        return cls(
-            vocab_size=config["vocab_size"],
-            hidden_size=config["hidden_size"],
-            intermediate_size=config["intermediate_size"],
-            num_hidden_layers=config["num_hidden_layers"],
-            num_attention_heads=heads,
-            num_key_value_heads=config.get("num_key_value_heads", heads),
-            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-            num_target_layers=config.get("num_target_layers", 0),
-            target_layer_ids=tuple(dflash["target_layer_ids"]),
-            mask_token_id=int(dflash.get("mask_token_id", config.get("mask_token_id"))),
-            block_size=config.get("block_size", 16),
-            gru_hidden_dim=dflash.get("gru_hidden_dim", 64),
-            emb_dim=dflash.get("emb_dim", config.get("emb_dim", 32)),
-            # Absent means 0, as in the references and our vLLM drafter (drafter_model.py).
-            pure_draft_prefix_len=dflash.get("pure_draft_prefix_len", 0),
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=float(theta),
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+def check_trainable(arch: DrafterLayout) -> None:
+    if not (arch.has_head and arch.shift_label):
+        raise ValueError("the trainer builds Domino drafters (a correction head and the "
+                         f"shift layout); got head={arch.head!r}, shift_label={arch.shift_label}")
 
 
 # ------------------------------------------------------------------------------ blocks
@@ -157,7 +76,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class DraftAttention(nn.Module):
     """Qwen3 attention whose keys/values are ``[context ; block]`` (DFlash KV injection)."""
 
-    def __init__(self, arch: DrafterArch) -> None:
+    def __init__(self, arch: DrafterLayout) -> None:
         super().__init__()
         hidden, hd = arch.hidden_size, arch.head_dim
         self.heads, self.kv_heads, self.head_dim = (
@@ -214,7 +133,7 @@ class DraftMLP(nn.Module):
 class DraftLayer(nn.Module):
     """Pre-norm layer; equal to vLLM's fused-residual form (norm(x + residual))."""
 
-    def __init__(self, arch: DrafterArch) -> None:
+    def __init__(self, arch: DrafterLayout) -> None:
         super().__init__()
         self.self_attn = DraftAttention(arch)
         self.mlp = DraftMLP(arch.hidden_size, arch.intermediate_size)
@@ -239,8 +158,9 @@ class DrafterOutput:
 class DominoDrafter(nn.Module):
     """DFlash backbone + Domino head; the target's embedding and lm_head are frozen buffers."""
 
-    def __init__(self, arch: DrafterArch, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
+    def __init__(self, arch: DrafterLayout, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
         super().__init__()
+        check_trainable(arch)
         if embed.shape != (arch.vocab_size, arch.hidden_size):
             raise ValueError(f"target embedding {list(embed.shape)} does not match the drafter "
                              f"(vocab {arch.vocab_size}, hidden {arch.hidden_size})")

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from vllm_dartree.checkpoint import DrafterLayout
 from vllm_dartree.training.data import (
     SequenceSet,
     generate_responses,
@@ -35,7 +36,6 @@ from vllm_dartree.training.loss import fused_drafter_loss, slot_weights
 from vllm_dartree.training.model import (
     IGNORE_INDEX,
     DominoDrafter,
-    DrafterArch,
     DrafterOutput,
     block_labels,
 )
@@ -118,14 +118,18 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> t
                  for i in range(num_draft_layers))
 
 
-def arch_for_target(cfg: TrainConfig, config: dict) -> DrafterArch:
+# New drafters leave depth 1 uncorrected, as the released b16 Domino drafters do.
+NEW_DRAFTER_PURE_PREFIX = 1
+
+
+def arch_for_target(cfg: TrainConfig, config: dict) -> DrafterLayout:
     """A new drafter's shapes from the target's config.json and the training settings."""
     config = config.get("text_config", config)
     heads = config["num_attention_heads"]
     layers = config["num_hidden_layers"]
     rope = config.get("rope_parameters") or {}
     ids = cfg.target_layer_ids or default_target_layer_ids(layers, cfg.layers)
-    return DrafterArch(
+    return DrafterLayout(
         vocab_size=config["vocab_size"],
         hidden_size=config["hidden_size"],
         intermediate_size=cfg.intermediate_size or config["intermediate_size"],
@@ -138,9 +142,12 @@ def arch_for_target(cfg: TrainConfig, config: dict) -> DrafterArch:
         mask_token_id=(config["vocab_size"] - 1 if cfg.mask_token_id is None
                        else cfg.mask_token_id),
         block_size=cfg.block_size,
+        shift_label=True,
+        head="domino",
         gru_hidden_dim=cfg.gru_hidden_dim,
         emb_dim=cfg.emb_dim,
-        rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+        pure_draft_prefix_len=NEW_DRAFTER_PURE_PREFIX,
+        rms_norm_eps=config.get("rms_norm_eps", DrafterLayout.rms_norm_eps),
         rope_theta=float(config.get("rope_theta", rope.get("rope_theta", 10000.0))),
         max_position_embeddings=config.get("max_position_embeddings", 2048),
     )
@@ -166,11 +173,18 @@ def export_drafter(model: DominoDrafter, out_dir: str | Path, dtype: str = "floa
 
 
 def load_drafter(drafter_dir: str | Path, embed: torch.Tensor, lm_head: torch.Tensor,
-                 generator: torch.Generator | None = None) -> DominoDrafter:
-    """A drafter from a checkpoint; a z-lab DFlash one (no head) gets a fresh head."""
+                 generator: torch.Generator | None = None,
+                 new_head: tuple[int, int] | None = None) -> DominoDrafter:
+    """A drafter from a checkpoint. A z-lab DFlash one (no head) gets a fresh head of
+    ``new_head`` = (GRU size, projection size) and is retrained to the shift layout."""
     drafter_dir = Path(drafter_dir)
-    config = json.loads((drafter_dir / "config.json").read_text())
-    model = DominoDrafter(DrafterArch.from_config(config), embed, lm_head)
+    layout = DrafterLayout.from_dir(drafter_dir)
+    if not layout.has_head:
+        if new_head is None:
+            raise ValueError(f"{drafter_dir} has no Domino head: give the new head's sizes")
+        layout = replace(layout, head="domino", shift_label=True,
+                         gru_hidden_dim=new_head[0], emb_dim=new_head[1])
+    model = DominoDrafter(layout, embed, lm_head)
     model.reset_parameters(generator or torch.Generator().manual_seed(0))
     load_weights(model, load_file(str(drafter_dir / "model.safetensors")))
     return model
@@ -244,7 +258,7 @@ def fused_step_loss(model: DominoDrafter, features: torch.Tensor, tokens: torch.
 class Batches:
     """Batch ``step`` = a pure function of (seed, step): sequences, anchors, labels."""
 
-    def __init__(self, cfg: TrainConfig, data: SequenceSet, target, arch: DrafterArch) -> None:
+    def __init__(self, cfg: TrainConfig, data: SequenceSet, target, arch: DrafterLayout) -> None:
         self.cfg, self.data, self.target, self.arch = cfg, data, target, arch
         self.prompt_lens = torch.tensor(data.prompt_lens)
         self.features: torch.Tensor | None = None
@@ -287,7 +301,7 @@ def training_prompts(cfg: TrainConfig, vocab_size: int, mask_id: int) -> list[li
     return [[t for t in p if t != mask_id] or [1] for p in prompts]
 
 
-def prepare_data(cfg: TrainConfig, target, arch: DrafterArch,
+def prepare_data(cfg: TrainConfig, target, arch: DrafterLayout,
                  prompts: Sequence[Sequence[int]] | None) -> SequenceSet:
     """Target continuations, cached in ``out/data.pt`` keyed by everything that shapes them."""
     if prompts is None:
@@ -334,13 +348,13 @@ def build_model(cfg: TrainConfig, target) -> DominoDrafter:
     embed, lm_head = target_tables(target)
     gen = torch.Generator().manual_seed(cfg.seed)
     if cfg.init_from:
-        config = json.loads((Path(cfg.init_from) / "config.json").read_text())
-        shift = (config.get("dflash_config") or {}).get("shift_label", False)
+        shift = DrafterLayout.from_dir(cfg.init_from).shift_label
         if cfg.freeze_backbone and not shift:
             # A z-lab backbone predicts its own slot, not the next one: it needs retraining.
             raise ValueError(f"--freeze-backbone needs a shift-layout (Domino) drafter; "
                              f"{cfg.init_from} has dflash_config.shift_label = {shift}")
-        model = load_drafter(cfg.init_from, embed, lm_head, gen)
+        model = load_drafter(cfg.init_from, embed, lm_head, gen,
+                             new_head=(cfg.gru_hidden_dim, cfg.emb_dim))
     else:
         model = DominoDrafter(arch_for_target(cfg, target_config(cfg.target)), embed, lm_head)
         model.reset_parameters(gen)
@@ -398,7 +412,7 @@ def resume_from(path: Path, model: DominoDrafter, optimizer: torch.optim.Optimiz
                 schedule: dict) -> tuple[int, list[float]]:
     state = torch.load(path, weights_only=False)
     arch = state["arch"] | {"target_layer_ids": tuple(state["arch"]["target_layer_ids"])}
-    if DrafterArch(**arch) != model.arch:
+    if DrafterLayout(**arch) != model.arch:
         raise ValueError(f"{path} was trained with a different drafter architecture")
     saved = state.get("schedule", schedule)  # older checkpoints recorded none
     shown = setting_changes(saved, schedule, "in the checkpoint")

@@ -38,7 +38,9 @@ class DominoHead:
     gru_hh: torch.Tensor  # [3G, G] nn.GRU weight_hh_l0
     proj0: torch.Tensor  # [E, H+G] embed_proj.0; first H columns act on z, last G on s
     proj2: torch.Tensor  # [V, E] embed_proj.2
-    pure_draft_prefix_len: int = 1
+    # Leading draft slots left uncorrected (the checkpoint's dflash_config field; its default
+    # when absent is set once, in vllm_dartree.checkpoint).
+    pure_draft_prefix_len: int
     # Optional [V, 3G] table embed . gru_ih^T (DARTree's fast path): a GRU step becomes a row
     # gather plus the [3G, G] recurrent matmul. Build it with ``with_input_gate_table``.
     input_gate_table: torch.Tensor | None = None

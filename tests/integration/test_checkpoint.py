@@ -1,0 +1,116 @@
+"""The one drafter-checkpoint module: the released configs round-trip, every reader agrees
+on what an absent field means, and a bad config names its field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_dartree.bench.methods import drafter_depths
+from vllm_dartree.checkpoint import DrafterConfigError, DrafterLayout
+from vllm_dartree.env import project_root
+from vllm_dartree.models.smollm2 import DRAFTER
+
+VOCAB, MASK, IDS = 151936, 151669, [1, 9, 17, 25, 33]
+SIZES = {"Qwen3-8B": (4096, 12288), "Qwen3-4B": (2560, 9728)}  # hidden, MLP width
+
+
+def zlab_dflash(hidden: int, intermediate: int) -> dict:
+    """z-lab/Qwen3-*-DFlash-b16 as its config.json reads (speculators' converter fixture)."""
+    return {"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+            "vocab_size": VOCAB, "hidden_size": hidden, "intermediate_size": intermediate,
+            "num_hidden_layers": 5, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+            "rope_theta": 1_000_000, "max_position_embeddings": 40960,
+            "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            "block_size": 16, "num_target_layers": 36,
+            "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+            "dflash_config": {"mask_token_id": MASK, "target_layer_ids": IDS}}
+
+
+def domino(hidden: int, intermediate: int) -> dict:
+    """Huang2020/Qwen3-*-Domino-b16: the DFlash keys plus the head and the shift layout."""
+    config = zlab_dflash(hidden, intermediate) | {"emb_dim": 256}
+    config["dflash_config"] = config["dflash_config"] | {
+        "projector_type": "domino", "pure_draft_prefix_len": 1, "emb_dim": 256,
+        "gru_hidden_dim": 1024, "shift_label": True}
+    return config
+
+
+@pytest.mark.parametrize("model", sorted(SIZES))
+@pytest.mark.parametrize("release", [zlab_dflash, domino], ids=["zlab-dflash", "domino"])
+def test_released_configs_round_trip(model, release):
+    raw = release(*SIZES[model])
+    layout = DrafterLayout.from_config(raw)
+    written = layout.to_config("bfloat16")
+    assert DrafterLayout.from_config(written) == layout
+    # What we write is what the release says, key by key (less the keys we do not model).
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+                "rope_theta", "max_position_embeddings", "block_size", "num_target_layers",
+                "architectures", "model_type", "torch_dtype"):
+        assert written[key] == raw[key], key
+    assert written["dflash_config"] == raw["dflash_config"]
+    assert written.get("emb_dim") == raw.get("emb_dim")
+    if release is domino:
+        assert (layout.has_head, layout.shift_label, layout.num_depths) == (True, True, 16)
+        assert (layout.gru_hidden_dim, layout.emb_dim, layout.pure_draft_prefix_len) == (
+            1024, 256, 1)
+    else:
+        assert (layout.has_head, layout.shift_label, layout.num_depths) == (False, False, 15)
+
+
+def test_the_committed_smollm2_drafter_reads_back():
+    folder = project_root() / DRAFTER
+    raw = json.loads((folder / "config.json").read_text())
+    layout = DrafterLayout.from_dir(folder)
+    assert DrafterLayout.from_config(layout.to_config(raw["torch_dtype"])) == layout
+    assert layout.has_head and drafter_depths(folder) == 16
+
+
+def test_absent_fields_mean_one_thing_everywhere(tmp_path):
+    """Absent fields (pure_draft_prefix_len, rope_theta, block_size) mean the same in the
+    vLLM drafter (which sees the config through transformers), the benchmark and training."""
+    raw = domino(*SIZES["Qwen3-8B"])
+    del raw["dflash_config"]["pure_draft_prefix_len"], raw["rope_theta"], raw["block_size"]
+    layout = DrafterLayout.from_config(raw)
+    assert (layout.pure_draft_prefix_len, layout.rope_theta, layout.block_size) == (
+        0, 10000.0, 16)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert drafter_depths(tmp_path) == 16
+    from transformers import Qwen3Config
+
+    from vllm_dartree.integration.drafter_model import read_layout
+
+    seen_by_vllm = read_layout(Qwen3Config(**raw), target_vocab=VOCAB, target_hidden=4096,
+                               target_layers=36)
+    assert seen_by_vllm == layout
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda c: c["dflash_config"].pop("mask_token_id"), "missing dflash_config.mask_token_id"),
+    (lambda c: c["dflash_config"].pop("target_layer_ids"), "dflash_config.target_layer_ids"),
+    (lambda c: c["dflash_config"].update(projector_type="medusa"), "projector_type = 'medusa'"),
+    (lambda c: c["dflash_config"].pop("gru_hidden_dim"), "gru_hidden_dim"),
+    (lambda c: c.update(block_size=1), "block_size = 1 must be >= 2"),
+    (lambda c: c.update(layer_types=["sliding_attention"] * 5), "sliding_attention layers"),
+    (lambda c: c["dflash_config"].update(causal=True), "causal"),
+])
+def test_a_bad_config_names_its_field(change, message):
+    raw = domino(*SIZES["Qwen3-4B"])
+    change(raw)
+    with pytest.raises(DrafterConfigError, match=message):
+        DrafterLayout.from_config(raw)
+
+
+@pytest.mark.parametrize(("sizes", "message"), [
+    ({"vocab": 1000}, "vocab_size = 151936 does not match the target's 1000"),
+    ({"hidden": 1024}, "hidden_size = 2560 does not match"),
+    ({"num_layers": 20}, r"target_layer_ids = \[1, 9, 17, 25, 33\] has \[25, 33\]"),
+])
+def test_a_drafter_that_does_not_fit_its_target_is_refused(sizes, message):
+    layout = DrafterLayout.from_config(domino(*SIZES["Qwen3-4B"]))
+    target = {"vocab": VOCAB, "hidden": 2560, "num_layers": 36} | sizes
+    with pytest.raises(DrafterConfigError, match=message):
+        layout.check_target(**target)
