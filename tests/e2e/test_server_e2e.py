@@ -123,3 +123,16 @@ def test_tensor_parallel_server(target_only_answers):
         metrics = http_text(base + "/metrics")
     _check_answers(answers, target_only_answers)
     assert _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total") > 0
+
+
+def test_data_parallel_server(target_only_answers):
+    """Two data-parallel engines (one core each) behind one server: the same greedy answers."""
+    drafter = write_drafter(DrafterSpec(target=SPEC, domino=True))
+    spec = json.dumps({"method": "dartree", "model": str(drafter)})
+    with running_server(write_target(SPEC), *SERVER_ARGS, "--speculative-config", spec,
+                        "--data-parallel-size", "2", log_name="server_dp2.log",
+                        env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}) as base:
+        answers = _serve_all(base)
+        metrics = http_text(base + "/metrics")
+    _check_answers(answers, target_only_answers)
+    assert _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total") > 0
