@@ -37,6 +37,8 @@ VARIANTS = [
     ("domino-chain", {"tree": "chain", "correction": True}),
     ("dflash-chain", {"tree": "chain", "correction": False}),
     ("pruned-small-budget", {"num_speculative_tokens": 20, "width": 4, "top_k": 8}),
+    # B below the drafter's 15 mask slots: vLLM's drafter buffers must still fit a block.
+    ("pruned-budget-below-block", {"num_speculative_tokens": 6, "width": 3, "top_k": 8}),
 ]
 
 

@@ -77,3 +77,70 @@ def test_truncated_tree_keeps_a_topological_prefix():
     # Scheduled nodes see their ancestors; unscheduled ones become dummies under the root.
     assert step.ancestors[0, 2].tolist()[:3] == [True, True, True]
     assert step.ancestors[0, 4].tolist() == [True, False, False, False, True, False]
+
+
+@pytest.mark.parametrize(("isa", "dtype"), [("vec16", torch.float32), ("vec16", torch.bfloat16),
+                                            ("vec", torch.float32)])
+def test_block_path_equals_the_element_path_and_a_naive_loop(isa, dtype):
+    """Tree attention through whole-block views equals the element-gather path and a naive
+    per-row softmax over prefix + ancestors, on caches written by vLLM's own op."""
+    from vllm import _custom_ops as ops
+    from vllm.platforms import current_platform
+
+    from vllm_dartree.integration.cpu_attention import (
+        fast_layout,
+        plan_tree_attention,
+        tree_attention,
+        tree_attention_by_elements,
+    )
+
+    current_platform.import_kernels()
+    gen = torch.Generator().manual_seed(3)
+    block, head, kv_heads, heads = 16, 64, 2, 6
+    trees = [_tree([0, 1, 0, 3, 4], [1, 2, 1, 2, 3], [7, 8, 9, 10, 11]),
+             _tree([0, 0, 1, 2, 2], [1, 1, 2, 3, 3], [1, 2, 3, 4, 5])]
+    prefixes, drafts = [37, 5], [5, 3]  # the second request scheduled 3 of its 5 nodes
+    plan = plan_of(trees, num_drafts=[0, drafts[0], drafts[1]],
+                   num_scheduled=[4, 1 + drafts[0], 1 + drafts[1]])
+    lengths = [p + 1 + n for p, n in zip(prefixes, drafts)]
+    blocks = 8
+    kv_cache = torch.zeros(blocks, kv_heads, block, 2 * head, dtype=dtype)
+    key_cache, value_cache = kv_cache.view(blocks, kv_heads, 2 * block, -1).chunk(2, dim=2)
+    table = torch.tensor([[0, 1, 2, 3], [5, 2, 6, 7], [6, 4, 7, 0]], dtype=torch.int32)
+    table[1, :3], table[2, :1] = torch.tensor([5, 3, 1]), torch.tensor([4])
+    seq_lens = torch.tensor([4, *lengths], dtype=torch.int32)
+    keys = torch.randn(sum(lengths), kv_heads, head, generator=gen).to(dtype)
+    values = torch.randn(sum(lengths), kv_heads, head, generator=gen).to(dtype)
+    slots = torch.cat([table[b + 1, torch.arange(n) // block].long() * block
+                       + torch.arange(n) % block for b, n in enumerate(lengths)])
+    ops.cpu_attn_reshape_and_cache(keys, values, key_cache, value_cache, slots, isa,
+                                   k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
+    query = torch.randn(4 + sum(1 + n for n in drafts), heads, head, generator=gen).to(dtype)
+    gather = plan_tree_attention(plan, seq_lens, table, block)
+    assert fast_layout(kv_cache, isa)
+    rows, fast = tree_attention(query, kv_cache, isa, gather, head**-0.5)
+    rows_el, by_elements = tree_attention_by_elements(query, kv_cache, isa, gather, head**-0.5)
+    assert torch.equal(rows, rows_el)
+    torch.testing.assert_close(fast.float(), by_elements.float(), atol=2e-2 if dtype !=
+                               torch.float32 else 1e-5, rtol=0)
+    # A naive loop over rows: softmax over the prefix and the row's ancestors.
+    offset, starts = 0, []
+    for n in lengths:
+        starts.append(offset)
+        offset += n
+    expected = {}
+    for t, (prefix, n) in enumerate(zip(prefixes, drafts)):
+        root = int(plan.root_row[t])
+        for i in range(1 + n):
+            cols = [j for j in range(1 + n) if plan.ancestors[t, i, j]]
+            keep = list(range(prefix)) + [prefix + j for j in cols]
+            k = keys[starts[t] + torch.tensor(keep)].float().repeat_interleave(3, dim=1)
+            v = values[starts[t] + torch.tensor(keep)].float().repeat_interleave(3, dim=1)
+            q = query[root + i].float()
+            weights = (torch.einsum("hd,khd->hk", q, k) * head**-0.5).softmax(-1)
+            expected[root + i] = torch.einsum("hk,khd->hd", weights, v)
+    got = dict(zip(rows.tolist(), fast.float()))
+    assert sorted(got) == sorted(expected)
+    for row, value in expected.items():
+        torch.testing.assert_close(got[row], value, atol=3e-2 if dtype != torch.float32
+                                   else 1e-4, rtol=0)

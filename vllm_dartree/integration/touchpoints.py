@@ -108,6 +108,8 @@ NAMES: tuple[VllmName, ...] = _names(
     VllmName("vllm.config.model:ModelConfig.disable_sliding_window"),
     VllmName("vllm.config.model:ModelConfig.get_head_size"),
     VllmName("vllm.config.speculative:SpeculativeConfig.draft_model_config"),
+    VllmName("vllm.config.speculative:SpeculativeConfig.num_speculative_tokens",
+             use="raised to the drafter's block while its proposer sizes its buffers"),
     VllmName("vllm.config.attention:AttentionConfig.validate_backend_before", ("value",)),
     VllmName("vllm.config.attention:AttentionConfig.backend"),
     VllmName("vllm.config.attention:AttentionConfig.backend_per_kind"),
