@@ -33,3 +33,11 @@ def tiny_dflash():
 def tiny_domino():
     return tiny_models.write_drafter(tiny_models.DrafterSpec(domino=True))
 
+
+
+@pytest.fixture(scope="session")
+def pair():
+    """The tiny target and the drafter trained for it here: (target dir, drafter dir)."""
+    from vllm_dartree.models.tiny_pair import trained_tiny_pair
+
+    return trained_tiny_pair()

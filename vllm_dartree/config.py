@@ -14,7 +14,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 TreeVariant = Literal["pruned", "fixed", "ddtree", "chain"]
 
@@ -44,6 +51,13 @@ KNOBS_BY_VARIANT: dict[str, frozenset[str]] = {
 }
 
 
+# Defaults on CPUs, where every verified row costs real compute (a SmolLM2-135M verify row
+# about 2 ms against a 25-40 ms decode step): small trees win. Chosen by
+# ``benchmarks/sweep_cpu_defaults.py`` on GSM8K/MATH training-split prompts (table in
+# ``benchmarks/results/cpu-sweep/``); the paper's defaults below stay for GPUs.
+CPU_DEFAULTS: dict[str, Any] = {"num_speculative_tokens": 6, "width": 4, "top_k": 16}
+
+
 class DARTreeConfigError(ValueError):
     """A dartree speculative config that cannot run; the message says what to change."""
 
@@ -62,6 +76,11 @@ class DARTreeConfig(BaseModel):
     depth_bonus: float = -0.2
     correction: bool | None = None
     vllm_options: dict[str, Any] = {}
+    _machine_defaults: frozenset[str] = PrivateAttr(default=frozenset())
+
+    def user_set(self, key: str) -> bool:
+        """Whether the user chose ``key`` (not a default, machine defaults included)."""
+        return key in self.model_fields_set and key not in self._machine_defaults
 
     @property
     def budget(self) -> int:
@@ -122,9 +141,21 @@ class DARTreeConfig(BaseModel):
         return self.depth_bonus if self.tree == "pruned" else 0.0
 
 
-def parse_speculative_config(raw: dict[str, Any]) -> DARTreeConfig:
-    """Validate a user's dartree speculative config dict (keys may use '-' or '_')."""
+def parse_speculative_config(raw: dict[str, Any], *, on_cpu: bool = False) -> DARTreeConfig:
+    """Validate a user's dartree speculative config dict (keys may use '-' or '_').
+
+    ``on_cpu``: keys the user left out take :data:`CPU_DEFAULTS` where the tree variant
+    uses them (the paper's defaults otherwise).
+    """
     options = {str(k).replace("-", "_"): v for k, v in raw.items()}
+    machine_defaults = set()
+    if on_cpu:
+        variant = options.get("tree", DARTreeConfig.model_fields["tree"].default)
+        used = KNOBS_BY_VARIANT.get(variant, frozenset()) | {"num_speculative_tokens"}
+        machine_defaults = {key for key in CPU_DEFAULTS if key in used and key not in options}
+        options |= {key: CPU_DEFAULTS[key] for key in machine_defaults}
+        if "width" in machine_defaults and isinstance(options["num_speculative_tokens"], int):
+            options["width"] = min(options["width"], options["num_speculative_tokens"])
     passthrough = {k: options.pop(k) for k in list(options) if k in VLLM_PASSTHROUGH_KEYS}
     known = set(DARTreeConfig.model_fields) - {"vllm_options"}
     unknown = sorted(set(options) - known)
@@ -135,9 +166,11 @@ def parse_speculative_config(raw: dict[str, Any]) -> DARTreeConfig:
             f"supported with method 'dartree'; allowed keys: {', '.join(allowed)}"
         )
     try:
-        return DARTreeConfig(**options, vllm_options=passthrough)
+        config = DARTreeConfig(**options, vllm_options=passthrough)
     except ValidationError as exc:
         raise DARTreeConfigError(_describe(exc, options)) from None
+    config._machine_defaults = frozenset(machine_defaults)
+    return config
 
 
 def _describe(exc: ValidationError, options: dict[str, Any]) -> str:

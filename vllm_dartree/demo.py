@@ -82,25 +82,31 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     server_args = ("--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
                    "--speculative-config", json.dumps(speculative))
+    decoded, decode_seconds = 0, 0.0
     with running_server(target, *server_args, served_name="demo", log_name="demo.log") as base:
         print(f"server ready after {time.perf_counter() - start:.0f} s at {base}\n")
-        for prompt in prompts:
-            answer = http_json(base + "/v1/completions", {
-                "model": "demo", "prompt": prompt, "max_tokens": max_tokens,
-                "temperature": 0})
-            print(f"[completion] {prompt!r}\n  -> {answer['choices'][0]['text']!r}")
-        for question in chats:
-            answer = http_json(base + "/v1/chat/completions", {
-                "model": "demo", "messages": [{"role": "user", "content": question}],
-                "max_tokens": max_tokens, "temperature": 0})
-            print(f"[chat] {question!r}\n  -> {answer['choices'][0]['message']['content']!r}")
+        requests = [("/v1/completions", {"prompt": p}, p) for p in prompts] + [
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": q}]}, q)
+            for q in chats]
+        for path, body, shown in requests:
+            sent = time.perf_counter()
+            answer = http_json(base + path, {"model": "demo", "max_tokens": max_tokens,
+                                             "temperature": 0, **body})
+            decode_seconds += time.perf_counter() - sent
+            decoded += answer["usage"]["completion_tokens"]
+            choice = answer["choices"][0]
+            text = choice.get("text", choice.get("message", {}).get("content"))
+            kind = "chat" if "messages" in body else "completion"
+            print(f"[{kind}] {shown!r}\n  -> {text!r}")
         metrics = http_text(base + "/metrics")
     drafts = metric_value(metrics, "vllm:spec_decode_num_drafts_total") or 0.0
     accepted = metric_value(metrics, "vllm:spec_decode_num_accepted_tokens_total") or 0.0
     mean = 1 + accepted / drafts if drafts else float("nan")
     print(f"\ntree variant: {args.tree}   verify rounds: {drafts:.0f}   "
           f"accepted draft tokens: {accepted:.0f}")
-    print(f"mean acceptance length (tokens per target forward, bonus included): {mean:.2f}")
+    print(f"mean acceptance length (tokens per target forward, bonus included): {mean:.2f}"
+          f"   decode speed: {decoded / decode_seconds:.1f} tokens/s "
+          f"({decoded} tokens, one request at a time, prefill included)")
     print(f"total demo time {time.perf_counter() - start:.0f} s; server log: .cache/logs/demo.log")
 
 

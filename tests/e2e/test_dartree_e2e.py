@@ -4,7 +4,9 @@ through the scheduler's corner cases, seeded sampling reproducible."""
 from __future__ import annotations
 
 import pytest
+from variants import VARIANTS as TREE_VARIANTS
 
+from vllm_dartree.config import CPU_DEFAULTS
 from vllm_dartree.harness.engine import generate_ids, spec_decode_counters
 from vllm_dartree.models.tiny import TargetSpec, random_prompts
 
@@ -31,11 +33,7 @@ def baseline(engines, tiny_target):
 
 
 VARIANTS = [
-    ("pruned", {}),
-    ("fixed", {"tree": "fixed"}),
-    ("ddtree", {"tree": "ddtree"}),
-    ("domino-chain", {"tree": "chain", "correction": True}),
-    ("dflash-chain", {"tree": "chain", "correction": False}),
+    *TREE_VARIANTS,
     ("pruned-small-budget", {"num_speculative_tokens": 20, "width": 4, "top_k": 8}),
     # B below the drafter's 15 mask slots: vLLM's drafter buffers must still fit a block.
     ("pruned-budget-below-block", {"num_speculative_tokens": 6, "width": 3, "top_k": 8}),
@@ -49,7 +47,7 @@ def test_every_variant_matches_target_only(engines, tiny_target, tiny_domino, ba
                       **BATCH)
     assert generate_ids(llm, PROMPTS, params()) == baseline
     counters = spec_decode_counters(llm)
-    budget = settings.get("num_speculative_tokens", 64)
+    budget = settings.get("num_speculative_tokens", CPU_DEFAULTS["num_speculative_tokens"])
     assert counters["num_drafts"] > 0
     # Every step schedules the full tree, except where vLLM trims drafts at max_tokens.
     assert 0.9 * budget * counters["num_drafts"] <= counters["num_draft_tokens"]

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from vllm_dartree.models.tiny import random_prompts
-from vllm_dartree.models.tiny_pair import trained_tiny_pair
 from vllm_dartree.reference import Decoded, reference_decode
 from vllm_dartree.training.train import torch_threads
 
@@ -32,11 +31,6 @@ VARIANTS = {
     "domino": {"tree": "chain", "num_speculative_tokens": 16, "top_k": 8, "correction": True},
     "dflash": {"tree": "chain", "num_speculative_tokens": 16, "correction": False},
 }
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return trained_tiny_pair()
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -135,4 +136,26 @@ def test_data_parallel_server(target_only_answers):
         answers = _serve_all(base)
         metrics = http_text(base + "/metrics")
     _check_answers(answers, target_only_answers)
-    assert _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total") > 0
+    drafts = re.findall(r'^vllm:spec_decode_num_drafts_total{[^}]*engine="(\d+)"[^}]*} (\S+)$',
+                        metrics, re.M)
+    assert {engine for engine, _ in drafts} == {"0", "1"}  # both engines served
+    assert sum(float(value) for _, value in drafts) > 0
+
+
+def test_a_profiled_server_exposes_its_phases():
+    """VLLM_DARTREE_PROFILE=1: every phase of every tree round in /metrics."""
+    drafter = write_drafter(DrafterSpec(target=SPEC, domino=True))
+    spec = json.dumps({"method": "dartree", "model": str(drafter)})
+    with running_server(write_target(SPEC), *SERVER_ARGS, "--speculative-config", spec,
+                        log_name="server_profile.log",
+                        env={"VLLM_DARTREE_PROFILE": "1"}) as base:
+        for request in _requests()[:6]:
+            if not request["abort"]:
+                _send(base, request)
+        metrics = http_text(base + "/metrics")
+    rounds = _metric(metrics, 'vllm_dartree:phase_ms_count{phase="round"}')
+    assert rounds > 0
+    for phase in ("drafter_forward", "tree_build", "target_forward", "tree_attention",
+                  "accept"):
+        assert _metric(metrics, f'vllm_dartree:phase_ms_count{{phase="{phase}"}}') == rounds
+    assert _metric(metrics, 'vllm_dartree:phase_ms_sum{phase="target_forward"}') > 0

@@ -4,6 +4,7 @@ variant gives exactly the output of TP=1 target-only decoding."""
 from __future__ import annotations
 
 import pytest
+from variants import VARIANTS
 
 from vllm_dartree.harness.engine import generate_ids, spec_decode_counters
 from vllm_dartree.models.tiny import TargetSpec, random_prompts
@@ -13,13 +14,6 @@ pytestmark = pytest.mark.e2e
 PROMPTS = random_prompts(8, TargetSpec().vocab_size, seed=31, min_len=2, max_len=50)
 BATCH = {"max_num_seqs": 8, "max_num_batched_tokens": 1024}
 TP2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
-VARIANTS = [
-    ("pruned", {}),
-    ("fixed", {"tree": "fixed"}),
-    ("ddtree", {"tree": "ddtree"}),
-    ("domino-chain", {"tree": "chain", "correction": True}),
-    ("dflash-chain", {"tree": "chain", "correction": False}),
-]
 
 
 def greedy():

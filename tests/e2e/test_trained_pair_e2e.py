@@ -9,16 +9,15 @@ import pytest
 
 from vllm_dartree.harness.engine import generate_ids, spec_decode_counters
 from vllm_dartree.models.tiny import random_prompts
-from vllm_dartree.models.tiny_pair import trained_tiny_pair
 
 pytestmark = pytest.mark.e2e
 
 BATCH = {"max_num_seqs": 16, "max_num_batched_tokens": 2048}
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return trained_tiny_pair()
+# The paper's B = 64, W = 12 (K capped at the pair's 32-token vocabulary).
+PAPER = {"num_speculative_tokens": 64, "top_k": 32}
+PAPER_SETTINGS = {"pruned": PAPER | {"width": 12}, "fixed": PAPER | {"tree": "fixed"},
+                  "domino": PAPER | {"tree": "chain"},
+                  "dflash": {"tree": "chain", "correction": False, "num_speculative_tokens": 64}}
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +58,7 @@ def measured(engines, pair, prompts, baseline):
 
     results = {}
     with TreeVerifier.observing(counting):
-        for name, settings in [("pruned", {}), ("fixed", {"tree": "fixed"}),
-                               ("domino", {"tree": "chain"}),
-                               ("dflash", {"tree": "chain", "correction": False})]:
+        for name, settings in PAPER_SETTINGS.items():
             moved.clear()
             llm = engines.get(model=str(pair[0]), **BATCH, speculative_config={
                 "method": "dartree", "model": str(pair[1]), **settings})

@@ -113,3 +113,23 @@ def test_valid_request_builds_a_config_carrying_the_settings(tiny_target, tiny_d
     spec = config.speculative_config
     assert spec.method == "dflash" and spec.num_speculative_tokens == 32
     assert spec.dartree.tree == "fixed" and spec.dartree.budget == 32
+
+
+def test_cpu_defaults_fill_only_keys_the_variant_uses():
+    from vllm_dartree.config import CPU_DEFAULTS
+
+    pruned = parse_speculative_config(BASE, on_cpu=True)
+    assert (pruned.budget, pruned.width, pruned.top_k) == (
+        CPU_DEFAULTS["num_speculative_tokens"], CPU_DEFAULTS["width"], CPU_DEFAULTS["top_k"])
+    fixed = parse_speculative_config(BASE | {"tree": "fixed"}, on_cpu=True)  # no width there
+    assert (fixed.budget, fixed.top_k) == (CPU_DEFAULTS["num_speculative_tokens"],
+                                           CPU_DEFAULTS["top_k"])
+    ddtree = parse_speculative_config(BASE | {"tree": "ddtree"}, on_cpu=True)
+    assert ddtree.budget == CPU_DEFAULTS["num_speculative_tokens"]
+    given = parse_speculative_config(BASE | {"num_speculative_tokens": 32}, on_cpu=True)
+    assert (given.budget, given.width) == (32, CPU_DEFAULTS["width"])
+    small = parse_speculative_config(BASE | {"num_speculative_tokens": 3}, on_cpu=True)
+    assert small.width == 3  # a default width never exceeds the budget the user chose
+    assert small.user_set("num_speculative_tokens") and not small.user_set("top_k")
+    gpu = parse_speculative_config(BASE)  # the paper's defaults
+    assert (gpu.budget, gpu.width, gpu.top_k) == (64, 12, 64)

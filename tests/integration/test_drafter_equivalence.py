@@ -109,6 +109,7 @@ def target_prefill(tiny_target) -> ref.TargetPrefill:
 
 def run_both(engines, tiny_target, target: ref.TargetPrefill, drafter, **settings) -> Side:
     spec = {"method": "dartree", "model": str(drafter), "tree": "chain",
+            "num_speculative_tokens": 16,  # a chain over every drafted depth
             "top_k": VOCAB, **settings}  # top_k = V: the chain is the full-vocabulary argmax
     captured = capture_first_draft(engines.get(model=str(tiny_target), speculative_config=spec),
                                    PROMPT)

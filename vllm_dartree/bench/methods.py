@@ -44,6 +44,16 @@ class TreeParams:
     width: int = config_default("width")
     depth_bonus: float = config_default("depth_bonus")
 
+    @classmethod
+    def for_machine(cls, on_cpu: bool) -> TreeParams:
+        """The plugin's defaults where the benchmark runs (its CPU defaults on a CPU)."""
+        if not on_cpu:
+            return cls()
+        from vllm_dartree.config import CPU_DEFAULTS
+
+        return cls(budget=CPU_DEFAULTS["num_speculative_tokens"], top_k=CPU_DEFAULTS["top_k"],
+                   width=CPU_DEFAULTS["width"])
+
 
 def canonical(name: str) -> str:
     name = ALIASES.get(name.lower(), name.lower())

@@ -396,10 +396,13 @@ def parser() -> argparse.ArgumentParser:
                    help="also serve each method over OpenAI and measure C concurrent clients")
     p.add_argument("--batch-size", type=int, help="requests in flight in the in-process run "
                    "(default 1: one at a time)")
-    tree = TreeParams()
-    p.add_argument("--budget", type=int, help=f"B, verify nodes per tree (default {tree.budget})")
-    p.add_argument("--top-k", type=int, help=f"K candidates per depth (default {tree.top_k})")
-    p.add_argument("--width", type=int, help=f"W, pruned supertree width (default {tree.width})")
+    tree, cpu = TreeParams(), TreeParams.for_machine(on_cpu=True)
+    p.add_argument("--budget", type=int, help=f"B, verify nodes per tree (default "
+                   f"{tree.budget}; {cpu.budget} on a CPU)")
+    p.add_argument("--top-k", type=int, help=f"K candidates per depth (default {tree.top_k}; "
+                   f"{cpu.top_k} on a CPU)")
+    p.add_argument("--width", type=int, help=f"W, pruned supertree width (default "
+                   f"{tree.width}; {cpu.width} on a CPU)")
     p.add_argument("--depth-bonus", type=float,
                    help=f"beta for pruned (default {tree.depth_bonus})")
     p.add_argument("--dtype", help="engine dtype (default auto)")
@@ -432,8 +435,15 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         options.pop(key, None)
     base = dict(QUICK) if quick else {}
     base.update({k: v for k, v in options.items() if v is not None})
-    base["tree"] = replace(base.get("tree", TreeParams()), **tree_given)
+    base["tree"] = replace(base.get("tree") or TreeParams.for_machine(on_cpu=not _has_gpu()),
+                           **tree_given)
     return BenchConfig.from_options(**base)
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -203,7 +203,7 @@ def build_dartree_speculative_config(engine_args, requested: dict, original,
     from vllm_dartree.config import parse_speculative_config
     from vllm_dartree.integration.refusals import refuse_unsupported_setup
 
-    config = parse_speculative_config(requested)
+    config = parse_speculative_config(requested, on_cpu=current_platform.is_cpu())
     refuse_unverifiable_platform(config)
     refuse_unsupported_setup(config, engine_args, target_model_config, parallel_config,
                              on_cuda=current_platform.is_cuda())
@@ -281,7 +281,7 @@ def check_drafter(config, draft_hf_config, target_model_config, parallel_config)
             "use a Domino drafter)"
         )
     # The default K is capped at the vocabulary; a K the user chose must fit it.
-    if "top_k" in config.model_fields_set and config.top_k > target_model_config.get_vocab_size():
+    if config.user_set("top_k") and config.top_k > target_model_config.get_vocab_size():
         raise DARTreeConfigError(
             f"speculative_config key 'top_k' = {config.top_k} exceeds the vocabulary size "
             f"{target_model_config.get_vocab_size()}"

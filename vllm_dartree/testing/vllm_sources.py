@@ -134,14 +134,9 @@ class SourceTree:
         if self.module_file(f"{module}.{name}") is not None:
             return module, ast.Module(body=[], type_ignores=[])  # a submodule
         for stmt in _module_statements(tree.body):
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                if stmt.name == name:
-                    return module, stmt
-            elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-                if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-                    return module, stmt
-            elif isinstance(stmt, ast.ImportFrom):
+            if _defines(stmt, name):
+                return module, stmt
+            if isinstance(stmt, ast.ImportFrom):
                 for alias in stmt.names:
                     if (alias.asname or alias.name) == name:
                         source = _absolute(module, stmt, self.module_file(module))
@@ -152,13 +147,8 @@ class SourceTree:
         if depth > 8:
             return None
         for stmt in cls.body:
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                if stmt.name == name:
-                    return module, stmt
-            elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-                if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-                    return module, stmt
+            if _defines(stmt, name):
+                return module, stmt
         for method in cls.body:  # instance attributes: self.name = ... in any method
             if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 for node in ast.walk(method):
@@ -185,6 +175,16 @@ class SourceTree:
         if found is None or not isinstance(found[1], ast.ClassDef):
             return None
         return found
+
+
+def _defines(stmt: ast.stmt, name: str) -> bool:
+    """Whether ``stmt`` binds ``name`` by a def, a class or an assignment."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return stmt.name == name
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        return any(isinstance(t, ast.Name) and t.id == name for t in targets)
+    return False
 
 
 def _module_statements(body: list[ast.stmt]):
