@@ -306,3 +306,17 @@ def test_kv_compaction_sees_the_target_layers_only(monkeypatch):
         _draft_attn_layer_names={"draft.layers.0.attn"}))
     found = target_kv_caches(runner)
     assert [cache[0] for cache, _, _ in found] == [float(len(n)) for n in names[:2]]
+
+
+def test_chain_proposals_make_chain_plans():
+    """Chains (the chain variant, vLLM's own drafts) need no tree recompute in attention;
+    a proposal of real trees does."""
+    gen = torch.Generator().manual_seed(10)
+    step, trees, _ = make_step(gen)  # a proposal of trees
+    assert not step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, CHAIN_TOKENS, False).chains
+    step.hand_over(["r1", "r2"], build_tree("chain", torch.randn(2, 4, VOCAB),
+                                            None, torch.tensor([1, 2]), None, budget=BUDGET),
+                   chains=True)
+    assert step.plan(["r0", "r1", "r2"], [0, 4, 3], np.array([3, 5, 4]), {}, False).chains
+    # No proposal at all: vLLM's scheduled tokens verify as chains.
+    assert step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, CHAIN_TOKENS, False).chains

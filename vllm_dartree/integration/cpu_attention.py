@@ -225,6 +225,8 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         with StepProfile.phase("stock_attention"):
             output = super().forward(layer, query, key, value, kv_cache, attn_metadata,
                                      output, output_scale, output_block_scale)
+        if plan.chains:  # causal attention is already exact for chains
+            return output
         if self._tree_unsupported:
             raise NotImplementedError(
                 f"dartree tree verification on CPU does not support {self._tree_unsupported}"

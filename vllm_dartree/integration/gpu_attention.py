@@ -99,7 +99,8 @@ class TreeTritonAttentionImpl(TritonAttentionImpl):
         output = super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                  output_scale, output_block_scale)
         plan = active_plan()
-        if plan is None or attn_metadata is None or getattr(layer, "is_draft_layer", False):
+        if (plan is None or attn_metadata is None or plan.chains  # causal is exact for chains
+                or getattr(layer, "is_draft_layer", False)):
             return output
         unsupported = self._tree_unsupported + (["fused output quantization"]
                                                 if output_scale is not None else [])

@@ -115,14 +115,15 @@ class DARTreeProposer(DFlashProposer):
         chain = any(needs_chain_verification(getattr(runner.requests.get(r), "sampling_params",
                                                      None)) for r in req_ids)
         settings = self.settings
+        variant = "chain" if chain else settings.tree
         with StepProfile.phase("tree_build", self.device):
             tree = build_tree(
-                "chain" if chain else settings.tree, base_logits, depth_hidden.float(),
+                variant, base_logits, depth_hidden.float(),
                 next_token_ids.to(torch.int64), self.head, budget=self.budget,
                 top_k=self.top_k, width=settings.width,
                 depth_bonus=settings.effective_depth_bonus, graphs=self.graphs,
             )
-        self.tree_step.hand_over(list(req_ids), tree)
+        self.tree_step.hand_over(list(req_ids), tree, chains=variant == "chain")
         return tree.tokens
 
     def _draft_block(self, target_token_ids, target_positions, target_hidden_states,

@@ -130,6 +130,8 @@ class TreeStep:
             return hidden_states
         return hidden_states[accepted_row_order(accepted, hidden_states.shape[0])]
 
-    def hand_over(self, req_ids: list[str], tree: DraftTree) -> None:
-        """The drafter's trees (row r for ``req_ids[r]``), verified by the next step."""
-        self._proposal = Proposal(self.step, {r: i for i, r in enumerate(req_ids)}, tree)
+    def hand_over(self, req_ids: list[str], tree: DraftTree, chains: bool = False) -> None:
+        """The drafter's trees (row r for ``req_ids[r]``; ``chains``: all of them chains),
+        verified by the next step."""
+        self._proposal = Proposal(self.step, {r: i for i, r in enumerate(req_ids)}, tree,
+                                  chains)

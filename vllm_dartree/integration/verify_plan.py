@@ -37,6 +37,7 @@ class Proposal:
     step: int
     row_of_request: dict[str, int]  # req_id -> row of ``tree``
     tree: DraftTree  # [R, B]
+    chains: bool = False  # every tree is a chain (node j's parent is node j - 1)
 
 
 @dataclass
@@ -57,6 +58,9 @@ class VerifyPlan:
     node_in_batch: torch.Tensor  # bool [T, B] column < num_drafts
     tree: DraftTree  # [T, B]; columns >= num_drafts are invalid dummies
     ancestors: torch.Tensor  # bool [T, 1+B, 1+B]
+    # Every tree is a chain: the target's causal attention is already exact for it, and
+    # the backends skip the tree recompute.
+    chains: bool = False
 
     @property
     def num_requests(self) -> int:
@@ -104,11 +108,13 @@ def build_plan(step: int, req_ids: list[str], num_drafts: list[int],
     dev = {k: to_device(v, device) for k, v in host.items()}
     ids = [req_ids[i] for i in verified]
     tree = truncate(gather_trees(ids, proposal, chain_drafts, budget, device), dev["num_drafts"])
+    # Requests the proposal has no tree for verify as chains.
+    chains = proposal is None or proposal.chains
     return VerifyPlan(
         step=step, req_ids=ids, num_logit_rows=int(drafts.sum() + drafts.size),
         logit_starts=logit_starts.tolist(), **dev,
         node_in_batch=torch.arange(budget, device=device) < dev["num_drafts"].unsqueeze(1),
-        tree=tree, ancestors=ancestor_mask(tree),
+        tree=tree, ancestors=ancestor_mask(tree), chains=chains,
     )
 
 
