@@ -11,7 +11,9 @@ One round:
    ``[root, mask x (bs - 1)]`` at positions ``root_pos .. root_pos + bs - 1``, and in the
    shift layout slot j predicts position ``root_pos + j + 1``: depth j + 1 of the tree.
 2. tree. ``build_tree`` turns the per-depth logits (and, with the Domino head, the per-depth
-   hidden states) into a tree of B nodes, exactly as the plugin's proposer calls it.
+   hidden states) into a tree of B nodes, exactly as the plugin's proposer calls it, and
+   orders it depth-first as the proposer does (``depth_first``: only which verify rows the
+   attention backends recompute depends on the order, never a tree or a token).
 3. verify. One target forward over ``[committed prefix, root, tree nodes]``: a node sits at
    ``root_pos + depth`` and sees the whole prefix plus its own ancestors (an explicit 4-D
    mask). The prefix is recomputed every round: slower, but no cache to compact.
@@ -36,6 +38,7 @@ from vllm_dartree.tree import (
     accept_tree,
     ancestor_mask,
     build_tree,
+    depth_first,
     verify_positions,
     verify_tokens,
 )
@@ -164,6 +167,8 @@ def reference_decode(
         # are verified below like real nodes, but accept_tree never walks into one).
         draft = build_tree(tree, base_logits, draft_hidden, root, head, budget=budget,
                            top_k=top_k, width=width, depth_bonus=depth_bonus)
+        if tree != "chain":
+            draft = depth_first(draft)
 
         # 3. Verify: prefix at 0 .. root_pos - 1, root at root_pos, node at root_pos + depth.
         ids = torch.cat([torch.tensor(tokens[:root_position]), verify_tokens(draft, root)[0]])

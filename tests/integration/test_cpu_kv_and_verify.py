@@ -131,7 +131,8 @@ def test_block_path_equals_the_element_path_and_a_naive_loop(isa, dtype):
     expected = {}
     for t, (prefix, n) in enumerate(zip(prefixes, drafts)):
         root = int(plan.root_row[t])
-        for i in range(1 + n):
+        # Rows up to the causal prefix are left to the stock kernel (exact there).
+        for i in range(1 + int(plan.causal_rows[t]), 1 + n):
             cols = [j for j in range(1 + n) if plan.ancestors[t, i, j]]
             keep = list(range(prefix)) + [prefix + j for j in cols]
             k = keys[starts[t] + torch.tensor(keep)].float().repeat_interleave(3, dim=1)
@@ -140,7 +141,29 @@ def test_block_path_equals_the_element_path_and_a_naive_loop(isa, dtype):
             weights = (torch.einsum("hd,khd->hk", q, k) * head**-0.5).softmax(-1)
             expected[root + i] = torch.einsum("hk,khd->hd", weights, v)
     got = dict(zip(rows.tolist(), fast.float()))
+    assert plan.causal_rows.tolist() == [2, 1]
     assert sorted(got) == sorted(expected)
     for row, value in expected.items():
         torch.testing.assert_close(got[row], value, atol=3e-2 if dtype != torch.float32
                                    else 1e-4, rtol=0)
+
+
+def test_rows_on_the_causal_prefix_are_not_recomputed():
+    """A depth-first tree's first branch, and a whole chain, are left to the stock kernel:
+    only the rows after each request's causal prefix are gathered and written."""
+    from vllm_dartree.integration.cpu_attention import plan_tree_attention
+    from vllm_dartree.tree import chain_tree, depth_first
+
+    # BFS: a, b at depth 1, c under a, d under c -> depth-first a c d b: 3 causal rows.
+    bfs = _tree(parents=[0, 0, 1, 3], depths=[1, 1, 2, 3], tokens=[7, 8, 9, 10])
+    tree = depth_first(bfs)
+    assert tree.tokens.tolist() == [[7, 9, 10, 8]]
+    chain = chain_tree(torch.tensor([[1, 2, 3, 4]]))
+    plan = plan_of([tree, chain], num_drafts=[4, 4], num_scheduled=[5, 5])
+    assert plan.causal_rows.tolist() == [3, 4]
+    table = torch.tensor([[0], [1]], dtype=torch.int32)
+    gather = plan_tree_attention(plan, torch.tensor([20, 30], dtype=torch.int32), table, 128)
+    assert gather.out_rows.tolist() == [4]  # request 0's row 4 (node b); the chain: none
+    only_chains = plan_of([chain], num_drafts=[4], num_scheduled=[5])
+    assert plan_tree_attention(only_chains, torch.tensor([30], dtype=torch.int32),
+                               table[:1], 128).empty

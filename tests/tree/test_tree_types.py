@@ -1,4 +1,5 @@
-"""DraftTree helpers: ancestor masks (dense and packed), verify positions and tokens."""
+"""DraftTree helpers: ancestor masks (dense and packed), verify positions and tokens,
+depth-first order and causal rows."""
 
 import math
 
@@ -10,6 +11,9 @@ from hypothesis import strategies as st
 from vllm_dartree.tree.types import (
     DraftTree,
     ancestor_mask,
+    causal_rows,
+    chain_tree,
+    depth_first,
     pack_bool_mask,
     packed_ancestor_mask,
     padded_tree,
@@ -136,3 +140,70 @@ def test_padded_tree_rejects_too_many_nodes():
         padded_tree(torch.zeros(1, 3, dtype=torch.int64), torch.zeros(1, 3, dtype=torch.int64),
                     torch.ones(1, 3, dtype=torch.int64), torch.ones(1, 3, dtype=torch.bool),
                     torch.zeros(1, 3), torch.zeros(1, dtype=torch.int64), 2, None)
+
+
+def naive_preorder(parents: list[int], num_real: int) -> list[int]:
+    """Old columns in depth-first preorder (children by column), real nodes then padding."""
+    children = {node: [] for node in range(len(parents) + 1)}
+    for column, parent in enumerate(parents[:num_real]):
+        children[parent].append(column + 1)
+    order: list[int] = []
+
+    def visit(node: int) -> None:
+        for child in children[node]:
+            order.append(child - 1)
+            visit(child)
+
+    visit(0)
+    return order + list(range(num_real, len(parents)))
+
+
+@SETTINGS
+@given(seed=st.integers(0, 10_000), num_requests=st.integers(1, 4),
+       budget=st.integers(1, 40))
+def test_depth_first_is_the_preorder_of_the_same_trees(seed, num_requests, budget):
+    tree, _ = random_tree(seed, num_requests, budget)
+    ordered = depth_first(tree)
+    for r in range(num_requests):
+        order = naive_preorder(tree.parents[r].tolist(), int(tree.num_nodes[r]))
+        new_index = {old + 1: new + 1 for new, old in enumerate(order)} | {0: 0}
+        assert ordered.tokens[r].tolist() == tree.tokens[r, order].tolist()
+        assert ordered.depths[r].tolist() == tree.depths[r, order].tolist()
+        assert ordered.valid[r].tolist() == tree.valid[r, order].tolist()
+        assert ordered.scores[r].tolist() == tree.scores[r, order].tolist()
+        assert ordered.parents[r].tolist() == [new_index[int(tree.parents[r, old])]
+                                               for old in order]
+    assert torch.equal(ordered.num_nodes, tree.num_nodes)
+    # Still topological, and the same ancestor relation up to the renumbering.
+    assert bool((ordered.parents < torch.arange(1, budget + 1)).all())
+
+
+def test_depth_first_puts_the_first_branch_first_and_causal_rows_finds_it():
+    # BFS order: a, b at depth 1; c, d under a; e under b; f under c; one padding node.
+    tree = DraftTree(tokens=torch.tensor([[11, 12, 13, 14, 15, 16, 0]]),
+                     parents=torch.tensor([[0, 0, 1, 1, 2, 3, 0]]),
+                     depths=torch.tensor([[1, 1, 2, 2, 2, 3, 1]]),
+                     num_nodes=torch.tensor([6]),
+                     valid=torch.tensor([[True] * 6 + [False]]), scores=torch.zeros(1, 7))
+    ordered = depth_first(tree)
+    assert ordered.tokens.tolist() == [[11, 13, 16, 14, 12, 15, 0]]  # a c f d b e, padding
+    assert ordered.parents.tolist() == [[0, 1, 2, 1, 0, 5, 0]]
+    assert causal_rows(tree).tolist() == [1]
+    assert causal_rows(ordered).tolist() == [3]  # a, c, f: the rows causal attention gets
+    chain = chain_tree(torch.tensor([[5, 6, 7], [1, 2, 3]]))
+    assert causal_rows(chain).tolist() == [3, 3]
+    assert torch.equal(depth_first(chain).parents, chain.parents)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 10_000), budget=st.integers(1, 24))
+def test_causal_rows_see_exactly_the_rows_before_them(seed, budget):
+    """Row j (node j - 1) is within causal_rows iff its ancestors are rows 0..j-1."""
+    tree, _ = random_tree(seed, 3, budget)
+    tree = depth_first(tree)
+    mask = ancestor_mask(tree)
+    for r, count in enumerate(causal_rows(tree).tolist()):
+        causal = [bool(mask[r, j, :j + 1].all()) and tree.valid[r, j - 1].item()
+                  for j in range(1, budget + 1)]
+        expected = next((j for j, ok in enumerate(causal) if not ok), budget)
+        assert count == expected

@@ -125,38 +125,49 @@ def copy_kv_slots(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, 
 
 @dataclass
 class TreeAttentionPlan:
-    """Per-step gather indices and visibility, shared by every layer of the forward."""
+    """Per-step gather indices and visibility, shared by every layer of the forward.
 
-    seg_rows: torch.Tensor  # [T, 1+B] query row of each verify slot (padding: the last one)
-    out_rows: torch.Tensor  # [M] query rows of the scheduled verify slots
-    out_slots: torch.Tensor  # [M] their index in the flattened [T * (1+B)] slots
+    Only the Q rows per request after its causal prefix (``VerifyPlan.causal_rows``) are
+    recomputed: the stock kernel's causal answer is already exact for the others.
+    """
+
+    seg_rows: torch.Tensor  # [T, Q] query row of each recomputed slot (padding: a real row)
+    out_rows: torch.Tensor  # [M] query rows of the recomputed slots
+    out_slots: torch.Tensor  # [M] their index in the flattened [T * Q] slots
     blocks: torch.Tensor  # [T, nblk] the requests' KV blocks (padded with a real block)
-    bias: torch.Tensor  # float [T, 1, 1+B, nblk * block]: 0 visible, -inf hidden
+    bias: torch.Tensor  # float [T, 1, Q, nblk * block]: 0 visible, -inf hidden
     slots: torch.Tensor  # [T, L] KV slot of each key position 0..L-1 (element-gather path)
-    visible: torch.Tensor  # bool [T, 1+B, L] prefix, then ancestors in the tree part
+    visible: torch.Tensor  # bool [T, Q, L] prefix, then ancestors in the tree part
+
+    @property
+    def empty(self) -> bool:
+        return self.out_rows.numel() == 0
 
 
 def plan_tree_attention(plan: VerifyPlan, seq_lens: torch.Tensor, block_table: torch.Tensor,
                         block_size: int) -> TreeAttentionPlan:
-    size = 1 + plan.tree.budget
-    rows_in_segment = torch.arange(size)
     lengths = seq_lens[plan.batch_index].to(torch.int64)  # [T] prefix + 1 + n
     num_rows = 1 + plan.num_drafts
+    first = 1 + torch.minimum(plan.causal_rows, plan.num_drafts)  # first recomputed row
+    count = num_rows - first  # [T] rows to recompute
+    width = int(count.max())  # a host read is free on a CPU
+    slot = torch.arange(width)
+    # Padding slots repeat a real row of the request; they are never written back.
+    rows = torch.minimum(first.unsqueeze(1) + slot, (num_rows - 1).unsqueeze(1))  # [T, Q]
+    recomputed = slot < count.unsqueeze(1)
     max_len = int(lengths.max())
     num_blocks = -(-max_len // block_size)
     key_pos = torch.arange(num_blocks * block_size)
     visible = verify_visibility(plan.ancestors, lengths - num_rows, num_rows, key_pos.numel())
+    visible = visible.gather(1, rows.unsqueeze(2).expand(-1, -1, visible.shape[2]))
     tables = block_table[plan.batch_index, :num_blocks].to(torch.int64)
     used = torch.arange(num_blocks) * block_size < lengths.unsqueeze(1)
     pos = torch.minimum(key_pos[:max_len].unsqueeze(0), (lengths - 1).unsqueeze(1))  # [T, L]
-    scheduled = rows_in_segment < num_rows.unsqueeze(1)
-    # Unscheduled slots read the last scheduled row (never written back).
-    seg_rows = plan.root_row.unsqueeze(1) + torch.minimum(rows_in_segment,
-                                                          plan.num_drafts.unsqueeze(1))
+    seg_rows = plan.root_row.unsqueeze(1) + rows
     return TreeAttentionPlan(
         seg_rows=seg_rows,
-        out_rows=seg_rows[scheduled],
-        out_slots=torch.arange(scheduled.numel()).view_as(scheduled)[scheduled],
+        out_rows=seg_rows[recomputed],
+        out_slots=torch.arange(recomputed.numel()).view_as(recomputed)[recomputed],
         blocks=torch.where(used, tables, tables[:, :1]),
         bias=torch.zeros(visible.shape).masked_fill(~visible, float("-inf")).unsqueeze(1),
         slots=tables.gather(1, pos // block_size) * block_size + pos % block_size,
@@ -168,7 +179,7 @@ def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
                    plan: TreeAttentionPlan, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of every verify row over prefix + ancestors.
 
-    Returns (rows [M], out [M, heads, head_size]) for the M scheduled verify rows. Whole KV
+    Returns (rows [M], out [M, heads, head_size]) for the M recomputed verify rows. Whole KV
     blocks are gathered through strided views where vLLM's page layout allows it, then one
     fused attention call per layer; otherwise element by element.
     """
@@ -184,11 +195,11 @@ def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
     k = k.permute(0, 2, 1, 4, 3).reshape(num_req, kv_heads, width, head)
     v = values.index_select(0, index).view(num_req, num_blocks, kv_heads, block, head)
     v = v.permute(0, 2, 1, 3, 4).reshape(num_req, kv_heads, width, head)
-    q = query[plan.seg_rows].transpose(1, 2)  # [T, H, 1+B, D]
+    q = query[plan.seg_rows].transpose(1, 2)  # [T, H, Q, D]
     out = torch.nn.functional.scaled_dot_product_attention(
         q.float(), k.float(), v.float(), attn_mask=plan.bias, scale=scale,
         enable_gqa=q.shape[1] != kv_heads,
-    ).transpose(1, 2)  # [T, 1+B, H, D]
+    ).transpose(1, 2)  # [T, Q, H, D]
     return plan.out_rows, out.reshape(-1, *out.shape[2:])[plan.out_slots].to(query.dtype)
 
 
@@ -201,11 +212,11 @@ def tree_attention_by_elements(query: torch.Tensor, kv_cache: torch.Tensor, isa:
     keys, values = gather_kv(kv_cache, plan.slots.view(-1), isa)
     keys = keys.view(num_req, max_len, *keys.shape[1:]).transpose(1, 2)  # [T, kvh, L, D]
     values = values.view(num_req, max_len, *values.shape[1:]).transpose(1, 2)
-    q = query[plan.seg_rows].transpose(1, 2)  # [T, H, 1+B, D]
+    q = query[plan.seg_rows].transpose(1, 2)  # [T, H, Q, D]
     out = torch.nn.functional.scaled_dot_product_attention(
         q.float(), keys.float(), values.float(), attn_mask=plan.visible.unsqueeze(1),
         scale=scale, enable_gqa=q.shape[1] != keys.shape[1],
-    ).transpose(1, 2)  # [T, 1+B, H, D]
+    ).transpose(1, 2)  # [T, Q, H, D]
     flat = out.reshape(-1, *out.shape[2:])
     return plan.out_rows, flat[plan.out_slots].to(query.dtype)
 
@@ -233,6 +244,8 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
             )
         with StepProfile.phase("tree_attention"):
             gather = _layer_plan(plan, attn_metadata, kv_cache.shape[2])
+            if gather.empty:  # every verified row is on its request's causal prefix
+                return output
             rows, tree_out = tree_attention(
                 query.view(query.shape[0], self.num_heads, self.head_size), kv_cache,
                 layer.isa, gather, self.scale,

@@ -21,7 +21,7 @@ from vllm_dartree.integration.drafter_model import read_layout
 from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.step import TreeStep
 from vllm_dartree.integration.verify_plan import needs_chain_verification
-from vllm_dartree.tree import build_tree
+from vllm_dartree.tree import build_tree, depth_first
 from vllm_dartree.tree.build import capture_all_shapes
 from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size
 
@@ -123,6 +123,8 @@ class DARTreeProposer(DFlashProposer):
                 top_k=self.top_k, width=settings.width,
                 depth_bonus=settings.effective_depth_bonus, graphs=self.graphs,
             )
+            if variant != "chain":  # verified depth-first: see tree.depth_first (chains are)
+                tree = depth_first(tree)
         self.tree_step.hand_over(list(req_ids), tree, chains=variant == "chain")
         return tree.tokens
 

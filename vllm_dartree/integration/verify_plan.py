@@ -23,6 +23,7 @@ import torch
 from vllm_dartree.tree import (
     DraftTree,
     ancestor_mask,
+    causal_rows,
     chain_tree,
     select_requests,
     stack_trees,
@@ -58,6 +59,9 @@ class VerifyPlan:
     node_in_batch: torch.Tensor  # bool [T, B] column < num_drafts
     tree: DraftTree  # [T, B]; columns >= num_drafts are invalid dummies
     ancestors: torch.Tensor  # bool [T, 1+B, 1+B]
+    # [T] leading nodes the target's causal attention already verifies exactly (a
+    # depth-first tree's best branch; every node of a chain): backends recompute the rest.
+    causal_rows: torch.Tensor
     # Every tree is a chain: the target's causal attention is already exact for it, and
     # the backends skip the tree recompute.
     chains: bool = False
@@ -114,7 +118,7 @@ def build_plan(step: int, req_ids: list[str], num_drafts: list[int],
         step=step, req_ids=ids, num_logit_rows=int(drafts.sum() + drafts.size),
         logit_starts=logit_starts.tolist(), **dev,
         node_in_batch=torch.arange(budget, device=device) < dev["num_drafts"].unsqueeze(1),
-        tree=tree, ancestors=ancestor_mask(tree), chains=chains,
+        tree=tree, ancestors=ancestor_mask(tree), causal_rows=causal_rows(tree), chains=chains,
     )
 
 

@@ -121,6 +121,54 @@ def ancestor_mask(tree: DraftTree) -> torch.Tensor:
     return visible
 
 
+def depth_first(tree: DraftTree) -> DraftTree:
+    """The same trees with their nodes in depth-first preorder (siblings by column).
+
+    Builders emit nodes depth by depth, best first within a depth, so a node's first child
+    is its best one. In preorder that best branch from the root sits in consecutive columns
+    (0, 1, ..., d-1 at depths 1..d), where the target's own causal attention is already
+    exact: the attention backends recompute only the rows after it (:func:`causal_rows`),
+    and accepting along it moves no KV. Padding (parent root, highest columns) stays last.
+
+    Preorder index of node u, counted with the root as 0: its depth (the ancestors before
+    it) plus, for u and each of its ancestors, the sizes of the subtrees of its earlier
+    siblings. Small matrix products over the ancestor mask: no sort, no host sync.
+    """
+    size = 1 + tree.budget
+    device = tree.parents.device
+    ancestors = ancestor_mask(tree).to(torch.float32)  # [R, i, j]: j is i or above i
+    subtree_size = ancestors.sum(dim=1)  # [R, 1+B] nodes at or below j
+    parents = tree.parents_with_root()
+    column = torch.arange(size, device=device)
+    non_root = column > 0
+    earlier_sibling = ((parents.unsqueeze(2) == parents.unsqueeze(1))
+                       & (column.view(1, 1, -1) < column.view(1, -1, 1))
+                       & non_root.view(1, 1, -1) & non_root.view(1, -1, 1))  # [R, a, s]
+    before = torch.bmm(earlier_sibling.to(torch.float32), subtree_size.unsqueeze(2))
+    depth = torch.cat([torch.zeros_like(tree.depths[:, :1]), tree.depths], dim=1)
+    rank = depth + torch.bmm(ancestors, before).squeeze(2).round().to(torch.int64)
+    node_at = torch.empty_like(tree.parents)  # new column -> old column
+    node_at.scatter_(1, rank[:, 1:] - 1, torch.arange(tree.budget, device=device)
+                     .expand_as(node_at).contiguous())
+    return DraftTree(
+        tokens=tree.tokens.gather(1, node_at),
+        parents=rank.gather(1, tree.parents.gather(1, node_at)),
+        depths=tree.depths.gather(1, node_at),
+        num_nodes=tree.num_nodes,
+        valid=tree.valid.gather(1, node_at),
+        scores=tree.scores.gather(1, node_at),
+        max_depth=tree.max_depth,
+    )
+
+
+def causal_rows(tree: DraftTree) -> torch.Tensor:
+    """[R] leading nodes whose ancestors are exactly the nodes before them (node j at depth
+    j + 1): verified in this order, causal attention is already the tree attention there."""
+    column_depth = torch.arange(1, tree.budget + 1, device=tree.depths.device)
+    on_chain = (tree.depths == column_depth) & tree.valid
+    return on_chain.to(torch.int64).cumprod(dim=1).sum(dim=1)
+
+
 def pack_bool_mask(mask: torch.Tensor) -> torch.Tensor:
     """Pack the last dim of a bool tensor into int64 words (bit j % 64 of word j // 64).
 
