@@ -178,3 +178,36 @@ def test_markov_weights_without_a_dspark_config_are_refused(monkeypatch):
     ours = build_our_drafter(raw, monkeypatch, device="cpu")
     with pytest.raises(DrafterConfigError, match="config names no correction head"):
         ours.load_weights(iter(small_weights().items()))
+
+
+# --------------------------------------------------------- engine config (no weights load)
+def test_a_dspark_drafter_builds_a_dartree_engine_config(tmp_path, tiny_dspark):
+    """vLLM resolves the renamed architecture to our drafter, and the V1 runner (which reads
+    target layers only from dflash_config) sees DSpark's top-level target_layer_ids."""
+    from test_refusals import config_only_target, engine_config
+
+    config = engine_config(config_only_target(tmp_path, "plain"), tiny_dspark)
+    draft = config.speculative_config.draft_model_config
+    assert draft.architectures == ["DFlashQwen3DSparkModel"]
+    assert draft.hf_config.dflash_config["target_layer_ids"] == [0, 1]
+    assert draft.hf_config.dflash_config["mask_token_id"] == draft.hf_config.mask_token_id
+    assert config.speculative_config.dartree.tree == "pruned"
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"markov_head_type": "rnn"}, "markov_head_type = 'rnn' is not supported"),
+    ({"sample_from_anchor": False}, "sample_from_anchor = False"),
+    ({"markov_rank": 0}, "markov_rank = 0 is not supported"),
+])
+def test_an_unsupported_dspark_config_is_refused_before_weights_load(tmp_path, tiny_dspark,
+                                                                     changes, message):
+    import json
+
+    from test_refusals import config_only_target, engine_config
+
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()  # a config.json only: nothing can load weights
+    raw = json.loads((tiny_dspark / "config.json").read_text())
+    (drafter / "config.json").write_text(json.dumps(raw | changes))
+    with pytest.raises(DrafterConfigError, match=message):
+        engine_config(config_only_target(tmp_path, "plain"), drafter)
