@@ -44,6 +44,12 @@ def tiny_dspark():
 
 
 @pytest.fixture(scope="session")
+def tiny_dspark_shared():
+    """The same without its own embed_tokens / lm_head (vLLM shares the target's)."""
+    return tiny_models.write_drafter(tiny_models.DrafterSpec(**DSPARK, own_embeddings=False))
+
+
+@pytest.fixture(scope="session")
 def tiny_dspark_reduced():
     """The same with a reduced draft vocabulary (300 of 512 ids, d2t / t2d)."""
     return tiny_models.write_drafter(tiny_models.DrafterSpec(**DSPARK, draft_vocab_size=300))

@@ -27,7 +27,8 @@ Written from the description of the public reference code (z-lab/dflash ``dflash
   with the config's keys at the top level, anchor-first (the shift layout: every slot of the
   block predicts the next position). The block is embedded with the drafter's own
   ``embed_tokens`` when the checkpoint has one, base logits come from its own ``lm_head``
-  (draft vocabulary V', ids mapped to target ids as ``i + d2t[i]``). Greedy chain:
+  (draft vocabulary V', ids mapped to target ids as ``i + d2t[i]``); without them, the
+  target's. Greedy chain:
   ``prev`` = the root; slot i takes argmax(base_i + markov_w2(markov_w1[prev])) and feeds
   the token (a target id) back as ``prev``. ``confidence_head.proj`` is loaded, not used.
 
@@ -285,6 +286,9 @@ def load_drafter(path: str | Path, *, device: str | torch.device = "cpu") -> DFl
     cfg = ReferenceConfig.from_checkpoint(path)
     model = DFlashDraftModel(cfg)
     weights = load_file(str(Path(path) / "model.safetensors"))
+    for shared in ("embed_tokens", "lm_head"):  # DSpark: absent means the target's
+        if cfg.dspark and f"{shared}.weight" not in weights:
+            delattr(model, shared)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise ValueError(f"checkpoint names differ from the reference: missing {missing}, "
@@ -357,14 +361,15 @@ def draft_block(model: DFlashDraftModel, target: TargetPrefill, prompt_len: int,
     block_ids = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.int64)
     block_ids[0] = root
     block_positions = torch.arange(start, start + cfg.block_size)
-    embed = model.embed_tokens.weight if cfg.dspark else target.embed
+    own_embed, own_lm_head = getattr(model, "embed_tokens", None), getattr(model, "lm_head", None)
+    embed = target.embed if own_embed is None else own_embed.weight
     out = model(embed[block_ids], target.context_features(cfg.target_layer_ids),
                 torch.arange(prompt_len), block_positions)
     if cfg.shift_label:
         hidden, predicted = out, block_positions + 1
     else:
         hidden, predicted = out[1:], block_positions[1:]
-    lm_head = model.lm_head.weight if cfg.dspark else target.lm_head  # [V' or V, H]
+    lm_head = target.lm_head if own_lm_head is None else own_lm_head.weight  # [V' or V, H]
     return DraftBlock(hidden, hidden @ lm_head.T, block_positions, predicted)
 
 

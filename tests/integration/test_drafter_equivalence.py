@@ -239,17 +239,20 @@ def test_domino_head_weights_are_the_checkpoints(domino):
 DSPARK_BLOCK = 7
 
 
-@pytest.fixture(scope="module")
-def dspark(engines, tiny_target, target_prefill, tiny_dspark_reduced) -> Side:
-    """A DSpark-format drafter (block 7, Markov head, confidence head, own embed_tokens and
-    lm_head, reduced draft vocabulary with d2t) as a dartree chain."""
-    return run_both(engines, tiny_target, target_prefill, tiny_dspark_reduced, correction=True)
+@pytest.fixture(scope="module", params=["tiny_dspark_reduced", "tiny_dspark_shared"])
+def dspark(request, engines, tiny_target, target_prefill) -> Side:
+    """A DSpark-format drafter (block 7, Markov head, confidence head) as a dartree chain:
+    with its own embed_tokens and lm_head and a reduced draft vocabulary (d2t), or sharing
+    the target's embed_tokens and lm_head."""
+    return run_both(engines, tiny_target, target_prefill, request.getfixturevalue(request.param),
+                    correction=True)
 
 
 def test_dspark_anchor_first_block_matches_reference(dspark):
     """Block [root, mask x 6] at positions L..L+6, every slot a prediction (7 depths), the
-    block embedded with the drafter's own embed_tokens; base logits from its own lm_head in
-    the draft vocabulary, scattered to target ids by d2t (-inf elsewhere)."""
+    block embedded with the drafter's own embed_tokens (else the target's); base logits from
+    its own lm_head in the draft vocabulary (else the target's), scattered to target ids by
+    d2t (-inf elsewhere)."""
     cap, block = dspark.captured, dspark.block
     assert dspark.model.cfg.shift_label and cap.depth_hidden.shape[1] == DSPARK_BLOCK
     assert cap.query_positions.tolist() == block.block_positions.tolist()
@@ -259,6 +262,10 @@ def test_dspark_anchor_first_block_matches_reference(dspark):
     assert_close(base[:, kept], block.base_logits, "base logits on the draft vocabulary")
     off_draft = torch.ones(VOCAB, dtype=torch.bool).index_fill(0, kept, False)
     assert torch.isneginf(base[:, off_draft]).all()
+    shared = not hasattr(dspark.model, "lm_head")
+    assert shared == (dspark.captured.proposer.model.lm_head.weight.shape[0] == VOCAB
+                      and torch.equal(dspark.captured.proposer.model.lm_head.weight.cpu(),
+                                      dspark.target.lm_head))
 
 
 def test_dspark_chain_is_dsparks_greedy_chain(dspark):

@@ -61,6 +61,9 @@ class DrafterSpec:
     markov_rank: int = 0  # > 0: a DSpark drafter with a Markov head of this rank
     confidence_head: bool = True  # DSpark only, fed the Markov embedding as in the release
     draft_vocab_size: int | None = None  # DSpark only: a reduced output vocabulary
+    # DSpark only: ship own embed_tokens / lm_head copies (DeepSpec's export); without them
+    # vLLM shares the target's.
+    own_embeddings: bool = True
     init_std: float = 0.1
     seed: int = 1
 
@@ -254,8 +257,9 @@ def dspark_kept_target_ids(spec: DrafterSpec) -> torch.Tensor:
 def dspark_weights(spec: DrafterSpec, gen: torch.Generator) -> dict[str, torch.Tensor]:
     """DSpark's heads by vLLM's loader names (qwen3_dspark.py: markov_head.markov_w1 [V, r],
     markov_head.markov_w2 [V', r], confidence_head.proj [1, H (+ r)] with bias), plus the
-    own embed_tokens / lm_head copies DeepSpec exports and, for V' < V, d2t (draft id i ->
-    target id i + d2t[i]) and t2d (a [V] bool mask, training-only: vLLM skips it)."""
+    own embed_tokens / lm_head copies DeepSpec exports (unless ``own_embeddings`` is off)
+    and, for V' < V, d2t (draft id i -> target id i + d2t[i]) and t2d (a [V] bool mask,
+    training-only: vLLM skips it)."""
     t, rank = spec.target, spec.markov_rank
     layout = drafter_layout(spec)
     # Markov biases (std 2) of the base logits' scale (std ~2), so that they change drafts.
@@ -272,6 +276,8 @@ def dspark_weights(spec: DrafterSpec, gen: torch.Generator) -> dict[str, torch.T
         weights["t2d"] = torch.zeros(t.vocab_size, dtype=torch.bool).index_fill(0, kept, True)
         lm_head = lm_head[kept]
     weights["lm_head.weight"] = lm_head
+    if not spec.own_embeddings:
+        del weights["embed_tokens.weight"], weights["lm_head.weight"]
     if spec.confidence_head:
         weights["confidence_head.proj.weight"] = _normal(gen, spec.init_std, 1,
                                                          t.hidden_size + rank)
