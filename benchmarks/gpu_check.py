@@ -18,8 +18,9 @@ Checks (on the GPU; exit status 1 when any fails):
   correction_graphs  trees of chain, fixed and pruned built with ``CorrectionGraphs`` (CUDA
                      graphs; the padded eager path on CPU) equal trees built without
                      (tokens, parents, depths, valid, num_nodes) for request counts in
-                     different padded buckets, K, W and B as in the timings; on CUDA graphs
-                     must have been captured.
+                     different padded buckets, K, W and B as in the timings, for a Domino
+                     head and a DSpark Markov head (rank 256, its per-depth context a
+                     zero-width buffer); on CUDA graphs must have been captured.
 
 Timings (median of many runs, CUDA events): tree build per step for every
 ``vllm_dartree.tree.build_tree`` variant (drafter hidden 4096, GRU 1024, E 256, K 64, W 12,
@@ -69,7 +70,13 @@ sys.path.insert(0, str(REPO))
 from vllm_dartree.kernels import kv_compaction as kv  # noqa: E402
 from vllm_dartree.kernels import launch, topb  # noqa: E402
 from vllm_dartree.kernels import tree_attention as ta  # noqa: E402
-from vllm_dartree.tree import DominoHead, build_tree, packed_ancestor_mask  # noqa: E402
+from vllm_dartree.tree import (  # noqa: E402
+    CorrectionHead,
+    DominoHead,
+    MarkovHead,
+    build_tree,
+    packed_ancestor_mask,
+)
 from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size  # noqa: E402
 from vllm_dartree.tree.types import DraftTree, padded_tree  # noqa: E402
 
@@ -264,6 +271,17 @@ def make_head(cfg: Config, gen: torch.Generator, device: str) -> DominoHead:
     return replace(head, input_gate_table=strided(cfg.vocab, 3 * cfg.state))
 
 
+def make_markov_head(cfg: Config, gen: torch.Generator, device: str) -> MarkovHead:
+    """Random DSpark Markov head of the released rank (256; ``cfg.proj`` in a dry run)."""
+    rank = cfg.proj
+    return MarkovHead(markov_w1=torch.randn(cfg.vocab, rank, generator=gen).to(device),
+                      markov_w2=(torch.randn(cfg.vocab, rank, generator=gen) / rank**0.5
+                                 ).to(device))
+
+
+HEAD_MAKERS = {"domino": make_head, "markov": make_markov_head}
+
+
 # ---------------------------------------------------------------------------------- checks
 def check_top_b(cfg: Config, gen: torch.Generator) -> dict:
     shapes = [(1, 192, 64), (8, 192, 64), (4, 300, 17)] if cfg.device == "cuda" else \
@@ -388,7 +406,7 @@ def tree_inputs(cfg: Config, gen: torch.Generator, num_requests: int
     return base, hidden, root
 
 
-def build(cfg: Config, variant: str, head: DominoHead, inputs: tuple,
+def build(cfg: Config, variant: str, head: CorrectionHead, inputs: tuple,
           graphs: CorrectionGraphs | None = None) -> DraftTree:
     """``build_tree`` with the tree settings of every check and timing (K, W, B of cfg)."""
     return build_tree(variant, *inputs, None if variant == "ddtree" else head,
@@ -396,7 +414,7 @@ def build(cfg: Config, variant: str, head: DominoHead, inputs: tuple,
                       graphs=graphs)
 
 
-def graphs_row(cfg: Config, variant: str, head: DominoHead, inputs: tuple,
+def graphs_row(cfg: Config, variant: str, head: CorrectionHead, inputs: tuple,
                graphs: CorrectionGraphs) -> dict:
     """One build without and one with ``graphs``: which tree fields differ (scores may
     differ in the last bit, BLAS sums padded batches in another order; trees may not)."""
@@ -412,18 +430,20 @@ def graphs_row(cfg: Config, variant: str, head: DominoHead, inputs: tuple,
 
 
 def check_correction_graphs(cfg: Config, gen: torch.Generator) -> dict:
-    """Graphs vs eager trees for every request count of ``cfg.graph_requests``; one graphs
-    object per variant serves them all, as the proposer's does."""
-    head = make_head(cfg, gen, cfg.device)
+    """Graphs vs eager trees for every request count of ``cfg.graph_requests`` and both head
+    kinds; one graphs object per variant and head serves them all, as the proposer's does."""
     capture = cfg.device == "cuda"
-    graphs = {variant: CorrectionGraphs(head, capture=capture) for variant in GRAPH_VARIANTS}
-    results = []
-    for requests in cfg.graph_requests:
-        inputs = tree_inputs(cfg, gen, requests)
-        results += [dict(graphs_row(cfg, variant, head, inputs, variant_graphs),
-                         bucket=bucket_size(requests))
-                    for variant, variant_graphs in graphs.items()]
-    captured = {variant: g.num_captured() for variant, g in graphs.items()}
+    results, captured = [], {}
+    for kind, make in HEAD_MAKERS.items():
+        head = make(cfg, gen, cfg.device)
+        graphs = {variant: CorrectionGraphs(head, capture=capture) for variant in GRAPH_VARIANTS}
+        for requests in cfg.graph_requests:
+            inputs = tree_inputs(cfg, gen, requests)
+            results += [dict(graphs_row(cfg, variant, head, inputs, variant_graphs),
+                             bucket=bucket_size(requests), head=kind)
+                        for variant, variant_graphs in graphs.items()]
+        captured |= {f"{kind}/{variant}": g.num_captured() for variant, g in graphs.items()}
+        del head, graphs
     captured_ok = not capture or all(count > 0 for count in captured.values())
     return {"ok": captured_ok and all(r["ok"] for r in results), "capture": capture,
             "graphs_captured": captured, "cases": results}
@@ -445,7 +465,7 @@ def time_tree_build(cfg: Config, gen: torch.Generator) -> dict:
     return results
 
 
-def time_with_graphs(cfg: Config, variant: str, head: DominoHead, inputs: tuple) -> dict:
+def time_with_graphs(cfg: Config, variant: str, head: CorrectionHead, inputs: tuple) -> dict:
     """The same build with ``CorrectionGraphs`` (what the proposer uses on a GPU; the padded
     eager path on CPU), and whether it gives the same tree (the check covers more)."""
     graphs = CorrectionGraphs(head, capture=cfg.device == "cuda")

@@ -34,6 +34,27 @@ def tiny_domino():
     return tiny_models.write_drafter(tiny_models.DrafterSpec(domino=True))
 
 
+DSPARK = {"block_size": 7, "markov_rank": 16}  # DSpark's released block size
+
+
+@pytest.fixture(scope="session")
+def tiny_dspark():
+    """A DSpark-format drafter: Markov head, confidence head, own embed_tokens / lm_head."""
+    return tiny_models.write_drafter(tiny_models.DrafterSpec(**DSPARK))
+
+
+@pytest.fixture(scope="session")
+def tiny_dspark_shared():
+    """The same without its own embed_tokens / lm_head (vLLM shares the target's)."""
+    return tiny_models.write_drafter(tiny_models.DrafterSpec(**DSPARK, own_embeddings=False))
+
+
+@pytest.fixture(scope="session")
+def tiny_dspark_reduced():
+    """The same with a reduced draft vocabulary (300 of 512 ids, d2t / t2d)."""
+    return tiny_models.write_drafter(tiny_models.DrafterSpec(**DSPARK, draft_vocab_size=300))
+
+
 
 @pytest.fixture(scope="session")
 def pair():

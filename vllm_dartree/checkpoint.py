@@ -10,6 +10,14 @@ Two released formats share one schema (a Qwen3 config plus DFlash keys):
   {projector_type: "domino", gru_hidden_dim, emb_dim, pure_draft_prefix_len, shift_label}``
   and a top-level ``emb_dim``; the shift layout (slot j predicts position root + j + 1:
   16 depths).
+- DSpark (``deepseek-ai/dspark_qwen3_8b_block7``, DeepSpec's ``build_draft_config``):
+  ``architectures: ["Qwen3DSparkModel"]``, a copy of the target's Qwen3 config plus
+  top-level ``block_size``, ``mask_token_id``, ``target_layer_ids``, ``markov_rank``,
+  ``markov_head_type``, ``enable_confidence_head``, ``confidence_head_with_markov`` and
+  optionally ``draft_vocab_size`` (a reduced output vocabulary whose checkpoint ships
+  ``d2t``). vLLM (``qwen3_dspark.py``, ``dspark/speculator.py``) runs it anchor-first:
+  ``block_size`` query slots [root, mask x (block_size - 1)], slot j predicting position
+  root + j + 1 (the shift layout) unless ``sample_from_anchor`` is false.
 
 Each field has one default, what the releases' own code takes its absence to mean (named
 where it is set). The drafter in vLLM, the benchmark, training and the fixture writers all
@@ -24,8 +32,15 @@ from pathlib import Path
 from typing import Any
 
 ARCHITECTURE = "DFlashDraftModel"
+DSPARK_ARCHITECTURE = "Qwen3DSparkModel"  # vLLM's registry name for dense Qwen3 DSpark
+# ... and the name vLLM gives it when it carries the drafter as method "dflash" (EAGLEConfig
+# prefixes "DFlash"), which is how a dartree engine sees the config.
+DSPARK_ARCHITECTURES = (DSPARK_ARCHITECTURE, "DFlash" + DSPARK_ARCHITECTURE)
+DOMINO, MARKOV = "domino", "markov"  # the correction-head kinds a layout can name
 # Domino's projector names (DARTree normalises its older alias "causal_v5" to "domino").
-HEAD_OF_PROJECTOR = {None: None, "domino": "domino", "causal_v5": "domino"}
+HEAD_OF_PROJECTOR = {None: None, "domino": DOMINO, "causal_v5": DOMINO}
+# DeepSpec's Markov head types; vLLM's Qwen3 DSpark model implements only the vanilla one.
+MARKOV_HEAD_TYPES = (None, "vanilla")
 
 
 class DrafterConfigError(ValueError):
@@ -48,12 +63,22 @@ class DrafterLayout:
     num_target_layers: int = 0  # absent: not stated (only informational)
     block_size: int = 16  # query slots per step: [root, mask x (block_size - 1)]
     shift_label: bool = False  # absent: z-lab's non-shift layout
-    head: str | None = None  # absent projector_type: no correction head (z-lab DFlash)
+    # None (z-lab DFlash: no projector_type), DOMINO or MARKOV (a DSpark checkpoint)
+    head: str | None = None
     gru_hidden_dim: int | None = None  # Domino head: GRU state size G
     emb_dim: int | None = None  # Domino head: projection size E
     # Absent means 0 in Domino's and DARTree's reference code; the released b16 Domino
     # configs set 1 (depth 1 uncorrected).
     pure_draft_prefix_len: int = 0
+    markov_rank: int | None = None  # Markov head: r of markov_w1 [V, r], markov_w2 [V', r]
+    # DSpark's optional per-position acceptance head (absent: none, as in vLLM's loader);
+    # with_markov: it also reads the Markov embedding of the previous token.
+    confidence_head: bool = False
+    confidence_head_with_markov: bool = False
+    # Output (draft) vocabulary V' when smaller than vocab_size: the checkpoint then ships
+    # d2t (draft id i -> target id i + d2t[i]) and its own lm_head. None: V' = vocab_size.
+    draft_vocab_size: int | None = None
+    logit_scale: float = 1.0  # LogitsProcessor scale vLLM applies to base logits and bias
     rms_norm_eps: float = 1e-6  # Qwen3Config's default
     # Absent: transformers' Qwen3Config default, which is what vLLM loads a drafter config
     # with (vLLM's own 1e6 fallback, set_default_rope_theta, applies only to configs that
@@ -70,6 +95,19 @@ class DrafterLayout:
         return self.head is not None
 
     @property
+    def output_vocab_size(self) -> int:
+        """V': the rows of the drafter's lm_head (and of markov_w2)."""
+        return self.draft_vocab_size or self.vocab_size
+
+    @property
+    def has_reduced_vocab(self) -> bool:
+        return self.output_vocab_size < self.vocab_size
+
+    @property
+    def is_dspark(self) -> bool:
+        return self.head == MARKOV
+
+    @property
     def num_depths(self) -> int:
         """Positions one drafter forward drafts: 16 for b16 Domino, 15 for b16 z-lab DFlash."""
         return self.block_size if self.shift_label else self.block_size - 1
@@ -78,44 +116,42 @@ class DrafterLayout:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> DrafterLayout:
         """Read a drafter ``config.json`` (released, or written by :meth:`to_config`);
-        every error names the field and what is allowed."""
+        every error names the field, its value and what is allowed."""
+        _refuse_causal_or_sliding(config)
+        dspark = any(a in DSPARK_ARCHITECTURES for a in config.get("architectures") or ())
+        fields_of_head = _dspark_fields(config) if dspark else _domino_fields(config)
         dflash = dict(config.get("dflash_config") or {})
-        projector = dflash.get("projector_type")
-        if projector not in HEAD_OF_PROJECTOR:
-            raise DrafterConfigError(
-                f"drafter config dflash_config.projector_type = {projector!r} is not "
-                "supported; allowed: absent (z-lab DFlash) or 'domino'")
+        # vLLM's DFlash model reads dflash_config first, then the top level (DSpark's place).
         mask = dflash.get("mask_token_id", config.get("mask_token_id"))
         if mask is None:
             raise DrafterConfigError(
-                "drafter config is missing dflash_config.mask_token_id (the id fed to the "
-                "masked block slots, e.g. 151669 for Qwen3)")
-        layer_ids = tuple(int(i) for i in dflash.get("target_layer_ids") or ())
+                "drafter config is missing dflash_config.mask_token_id (top-level "
+                "mask_token_id for DSpark): the id fed to the masked block slots, e.g. 151669 "
+                "for Qwen3")
+        layer_ids = tuple(int(i) for i in dflash.get("target_layer_ids")
+                          or config.get("target_layer_ids") or ())
         if not layer_ids:
-            raise DrafterConfigError("drafter config is missing dflash_config.target_layer_ids")
+            raise DrafterConfigError(
+                "drafter config is missing dflash_config.target_layer_ids (top-level "
+                "target_layer_ids for DSpark): a non-empty list of 0-based target layers")
+        if dspark and config.get("block_size") is None:
+            raise DrafterConfigError(
+                "DSpark drafter config is missing block_size (DeepSpec always writes it: the "
+                "query slots per draft, e.g. 7)")
         block = int(config.get("block_size") or cls.block_size)
         if block < 2:
             raise DrafterConfigError(f"drafter config block_size = {block} must be >= 2")
-        head = HEAD_OF_PROJECTOR[projector]
-        gru, emb = dflash.get("gru_hidden_dim"), dflash.get("emb_dim", config.get("emb_dim"))
-        if head and (gru is None or emb is None):
+        vocab = int(config["vocab_size"])
+        # vLLM: getattr(config, "draft_vocab_size", None) or config.vocab_size
+        draft_vocab = config.get("draft_vocab_size") or None
+        if draft_vocab is not None and not 1 <= int(draft_vocab) <= vocab:
             raise DrafterConfigError(
-                "Domino drafter config needs dflash_config.gru_hidden_dim and emb_dim "
-                f"(got gru_hidden_dim={gru!r}, emb_dim={emb!r})")
-        unsupported = {
-            "is_causal / dflash_config.causal": config.get("is_causal") or dflash.get("causal"),
-            "dflash_config.use_swa": dflash.get("use_swa"),
-            "sliding_attention layers": "sliding_attention" in (config.get("layer_types") or ()),
-        }
-        found = [name for name, value in unsupported.items() if value]
-        if found:
-            raise DrafterConfigError(
-                f"drafter config sets {', '.join(found)}: causal or sliding-window DFlash "
-                "drafters are not supported (allowed: full non-causal block attention)")
+                f"drafter config draft_vocab_size = {draft_vocab} is not allowed; it must be "
+                f"in 1..vocab_size = {vocab} (a larger output vocabulary is not supported)")
         heads = config["num_attention_heads"]
         rope = config.get("rope_parameters") or {}
         return cls(
-            vocab_size=int(config["vocab_size"]),
+            vocab_size=vocab,
             hidden_size=int(config["hidden_size"]),
             intermediate_size=int(config["intermediate_size"]),
             num_hidden_layers=int(config["num_hidden_layers"]),
@@ -126,16 +162,14 @@ class DrafterLayout:
             mask_token_id=int(mask),
             num_target_layers=int(config.get("num_target_layers") or 0),
             block_size=block,
-            shift_label=bool(dflash.get("shift_label", cls.shift_label)),
-            head=head,
-            gru_hidden_dim=None if gru is None else int(gru),
-            emb_dim=None if emb is None else int(emb),
-            pure_draft_prefix_len=int(dflash.get("pure_draft_prefix_len",
-                                                 cls.pure_draft_prefix_len)),
+            draft_vocab_size=None if draft_vocab is None or int(draft_vocab) == vocab
+            else int(draft_vocab),
+            logit_scale=float(config.get("logit_scale", cls.logit_scale)),
             rms_norm_eps=float(config.get("rms_norm_eps", cls.rms_norm_eps)),
             rope_theta=float(config.get("rope_theta", rope.get("rope_theta", cls.rope_theta))),
             max_position_embeddings=int(config.get("max_position_embeddings",
                                                    cls.max_position_embeddings)),
+            **fields_of_head,
         )
 
     @classmethod
@@ -164,11 +198,10 @@ class DrafterLayout:
 
     # ------------------------------------------------------------------------- writing
     def to_config(self, dtype: str = "float32") -> dict[str, Any]:
-        """``config.json`` in the released format (Domino when the layout has a head)."""
-        dflash: dict[str, Any] = {"mask_token_id": self.mask_token_id,
-                                  "target_layer_ids": list(self.target_layer_ids)}
+        """``config.json`` in the released format: DSpark's for a Markov head, else DFlash's
+        (Domino's when the layout has a Domino head)."""
         config: dict[str, Any] = {
-            "architectures": [ARCHITECTURE],
+            "architectures": [DSPARK_ARCHITECTURE if self.is_dspark else ARCHITECTURE],
             "model_type": "qwen3",
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -186,8 +219,16 @@ class DrafterLayout:
             "torch_dtype": dtype,
             "block_size": self.block_size,
             "num_target_layers": self.num_target_layers,
-            "dflash_config": dflash,
         }
+        if self.draft_vocab_size is not None:
+            config["draft_vocab_size"] = self.draft_vocab_size
+        if self.logit_scale != DrafterLayout.logit_scale:
+            config["logit_scale"] = self.logit_scale
+        if self.is_dspark:
+            return config | self._dspark_keys()
+        dflash: dict[str, Any] = {"mask_token_id": self.mask_token_id,
+                                  "target_layer_ids": list(self.target_layer_ids)}
+        config["dflash_config"] = dflash
         if self.shift_label:
             dflash["shift_label"] = True
         if self.has_head:
@@ -197,9 +238,97 @@ class DrafterLayout:
             config["emb_dim"] = self.emb_dim
         return config
 
+    def _dspark_keys(self) -> dict[str, Any]:
+        """The top-level keys DeepSpec's build_draft_config adds to a copy of the target's
+        config (sample_from_anchor only when the layout is not DSpark's anchor-first one)."""
+        keys: dict[str, Any] = {
+            "mask_token_id": self.mask_token_id,
+            "target_layer_ids": list(self.target_layer_ids),
+            "layer_types": ["full_attention"] * self.num_hidden_layers,
+            "markov_rank": self.markov_rank,
+            "markov_head_type": "vanilla",
+            "enable_confidence_head": self.confidence_head,
+        }
+        if self.confidence_head:
+            keys["confidence_head_with_markov"] = self.confidence_head_with_markov
+        return keys
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
+
+
+# ------------------------------------------------------------------------- per format
+def _refuse_causal_or_sliding(config: dict[str, Any]) -> None:
+    dflash = dict(config.get("dflash_config") or {})
+    unsupported = {
+        "is_causal / dflash_config.causal": config.get("is_causal") or dflash.get("causal"),
+        "dflash_config.use_swa": dflash.get("use_swa"),
+        "sliding_attention layers": "sliding_attention" in (config.get("layer_types") or ()),
+    }
+    found = [name for name, value in unsupported.items() if value]
+    if found:
+        raise DrafterConfigError(
+            f"drafter config sets {', '.join(found)}: causal or sliding-window DFlash "
+            "drafters are not supported (allowed: full non-causal block attention)")
+
+
+def _domino_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """Head fields of a z-lab DFlash or Domino config (all under dflash_config)."""
+    dflash = dict(config.get("dflash_config") or {})
+    projector = dflash.get("projector_type")
+    if projector not in HEAD_OF_PROJECTOR:
+        raise DrafterConfigError(
+            f"drafter config dflash_config.projector_type = {projector!r} is not "
+            "supported; allowed: absent (z-lab DFlash) or 'domino'")
+    head = HEAD_OF_PROJECTOR[projector]
+    gru, emb = dflash.get("gru_hidden_dim"), dflash.get("emb_dim", config.get("emb_dim"))
+    if head and (gru is None or emb is None):
+        raise DrafterConfigError(
+            "Domino drafter config needs dflash_config.gru_hidden_dim and emb_dim "
+            f"(got gru_hidden_dim={gru!r}, emb_dim={emb!r})")
+    return {
+        "shift_label": bool(dflash.get("shift_label", DrafterLayout.shift_label)),
+        "head": head,
+        "gru_hidden_dim": None if gru is None else int(gru),
+        "emb_dim": None if emb is None else int(emb),
+        "pure_draft_prefix_len": int(dflash.get("pure_draft_prefix_len",
+                                                DrafterLayout.pure_draft_prefix_len)),
+    }
+
+
+def _dspark_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """Head fields of a dense Qwen3 DSpark config (top-level keys, as vLLM reads them)."""
+    rank = config.get("markov_rank")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise DrafterConfigError(
+            f"DSpark drafter config markov_rank = {rank!r} is not supported; allowed: a "
+            "positive integer (a DSpark drafter without a Markov head is not served here)")
+    kind = config.get("markov_head_type")
+    if kind not in MARKOV_HEAD_TYPES:
+        raise DrafterConfigError(
+            f"DSpark drafter config markov_head_type = {kind!r} is not supported; allowed: "
+            "absent or 'vanilla' (the head vLLM's Qwen3 DSpark model implements)")
+    # vLLM's DSparkSpeculator: getattr(hf_config, "sample_from_anchor", True)
+    if not config.get("sample_from_anchor", True):
+        raise DrafterConfigError(
+            "DSpark drafter config sample_from_anchor = False (the speculators fill-in "
+            "layout, anchor as bonus) is not supported; allowed: absent or true (dense "
+            "DSpark: the anchor slot predicts the first draft token)")
+    if (config.get("dflash_config") or {}).get("projector_type") is not None:
+        raise DrafterConfigError(
+            "DSpark drafter config sets dflash_config.projector_type = "
+            f"{config['dflash_config']['projector_type']!r}; allowed: absent (a DSpark "
+            "checkpoint's correction head is its Markov head)")
+    confidence = bool(config.get("enable_confidence_head", False))
+    return {
+        "shift_label": True,
+        "head": MARKOV,
+        "markov_rank": rank,
+        "confidence_head": confidence,
+        "confidence_head_with_markov": confidence and bool(
+            config.get("confidence_head_with_markov", False)),
+    }

@@ -61,6 +61,26 @@ def test_zlab_dflash_drafter_is_lossless(engines, tiny_target, tiny_dflash, base
     assert generate_ids(llm, PROMPTS, params()) == baseline
 
 
+DSPARK_VARIANTS = [
+    ("pruned", "tiny_dspark", {"num_speculative_tokens": 24, "width": 6, "top_k": 16}),
+    ("chain", "tiny_dspark", {"tree": "chain", "num_speculative_tokens": 7}),
+    ("fixed", "tiny_dspark", {"tree": "fixed", "num_speculative_tokens": 24, "top_k": 16}),
+    ("pruned-reduced-vocab", "tiny_dspark_reduced", {}),
+]
+
+
+@pytest.mark.parametrize(("name", "drafter", "settings"), DSPARK_VARIANTS,
+                         ids=[v[0] for v in DSPARK_VARIANTS])
+def test_dspark_drafter_is_lossless(request, engines, tiny_target, baseline, name, drafter,
+                                    settings):
+    """A DSpark-format checkpoint (block 7, Markov head) as ``model``: its Markov head
+    corrects chain and trees, and the output is target-only greedy decoding's."""
+    llm = engines.get(model=str(tiny_target), **BATCH, speculative_config=dartree(
+        request.getfixturevalue(drafter), **settings))
+    assert generate_ids(llm, PROMPTS, params()) == baseline
+    assert spec_decode_counters(llm)["num_drafts"] > 0
+
+
 @pytest.fixture(scope="module")
 def pruned_engine(engines, tiny_target, tiny_domino):
     return engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **BATCH)

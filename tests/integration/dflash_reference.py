@@ -22,6 +22,16 @@ Written from the description of the public reference code (z-lab/dflash ``dflash
   greedy corrected draft); ``embed_proj = Linear(H+G, E) -> SiLU -> Linear(E, V)``; slot i >=
   pure_draft_prefix_len gets ``base_i + embed_proj(cat[z_i, s])``.
 
+- DSpark (deepseek-ai/DeepSpec ``deepspec/modeling/dspark``, as vLLM 0.32/0.33 serve it:
+  ``qwen3_dspark.py``, ``v1/worker/gpu/spec_decode/dspark/speculator.py``): the same backbone
+  with the config's keys at the top level, anchor-first (the shift layout: every slot of the
+  block predicts the next position). The block is embedded with the drafter's own
+  ``embed_tokens`` when the checkpoint has one, base logits come from its own ``lm_head``
+  (draft vocabulary V', ids mapped to target ids as ``i + d2t[i]``); without them, the
+  target's. Greedy chain:
+  ``prev`` = the root; slot i takes argmax(base_i + markov_w2(markov_w1[prev])) and feeds
+  the token (a target id) back as ``prev``. ``confidence_head.proj`` is loaded, not used.
+
 Weights load from the checkpoint's ``model.safetensors`` by the released names, strictly.
 """
 
@@ -58,9 +68,14 @@ class ReferenceConfig:
     pure_draft_prefix_len: int
     gru_hidden_dim: int | None
     emb_dim: int | None
+    markov_rank: int = 0  # > 0: a DSpark drafter
+    draft_vocab_size: int | None = None
+    confidence_features: int = 0  # H (+ r) inputs of confidence_head.proj; 0: none
 
     @classmethod
     def from_dict(cls, raw: dict) -> ReferenceConfig:
+        if "Qwen3DSparkModel" in (raw.get("architectures") or ()):
+            return cls.dspark_from_dict(raw)
         dflash = raw.get("dflash_config") or {}
         domino = dflash.get("projector_type") in ("domino", "causal_v5")
         rope = raw.get("rope_parameters") or {}
@@ -86,6 +101,34 @@ class ReferenceConfig:
             gru_hidden_dim=dflash.get("gru_hidden_dim") if domino else None,
             emb_dim=dflash.get("emb_dim", raw.get("emb_dim")) if domino else None,
         )
+
+    @classmethod
+    def dspark_from_dict(cls, raw: dict) -> ReferenceConfig:
+        """DeepSpec's build_draft_config keys, read as vLLM's DSpark model reads them."""
+        heads = raw["num_attention_heads"]
+        rank = int(raw["markov_rank"])
+        confidence = 0
+        if raw.get("enable_confidence_head", False):
+            with_markov = raw.get("confidence_head_with_markov", False)
+            confidence = raw["hidden_size"] + (rank if with_markov else 0)
+        return cls(
+            hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
+            num_hidden_layers=raw["num_hidden_layers"], num_attention_heads=heads,
+            num_key_value_heads=raw["num_key_value_heads"],
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            vocab_size=raw["vocab_size"], rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=float(raw.get("rope_theta", 1_000_000.0)),
+            block_size=int(raw["block_size"]), mask_token_id=int(raw["mask_token_id"]),
+            target_layer_ids=tuple(int(i) for i in raw["target_layer_ids"]),
+            domino=False, shift_label=raw.get("sample_from_anchor", True),
+            pure_draft_prefix_len=0, gru_hidden_dim=None, emb_dim=None, markov_rank=rank,
+            draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"],
+            confidence_features=confidence,
+        )
+
+    @property
+    def dspark(self) -> bool:
+        return self.markov_rank > 0
 
     @classmethod
     def from_checkpoint(cls, path: str | Path) -> ReferenceConfig:
@@ -201,6 +244,25 @@ class DFlashDraftModel(nn.Module):
             self.embed_proj = nn.Sequential(
                 nn.Linear(h + g, e, bias=False), nn.SiLU(), nn.Linear(e, cfg.vocab_size, bias=False)
             )
+        if cfg.dspark:
+            self.add_dspark_modules(cfg)
+
+    def add_dspark_modules(self, cfg: ReferenceConfig) -> None:
+        h, rank, draft = cfg.hidden_size, cfg.markov_rank, cfg.draft_vocab_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
+        self.lm_head = nn.Linear(h, draft, bias=False)
+        self.markov_head = nn.Module()
+        self.markov_head.markov_w1 = nn.Embedding(cfg.vocab_size, rank)
+        self.markov_head.markov_w2 = nn.Linear(rank, draft, bias=False)
+        if cfg.confidence_features:
+            self.confidence_head = nn.Module()
+            self.confidence_head.proj = nn.Linear(cfg.confidence_features, 1, bias=True)
+        if draft < cfg.vocab_size:
+            self.register_buffer("d2t", torch.zeros(draft, dtype=torch.int64))
+            self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids] if hasattr(self, "d2t") else draft_ids
 
     def fuse_context(self, target_features: torch.Tensor) -> torch.Tensor:
         """[C, n_ids * H] concatenated target layer outputs -> [C, H]."""
@@ -224,6 +286,9 @@ def load_drafter(path: str | Path, *, device: str | torch.device = "cpu") -> DFl
     cfg = ReferenceConfig.from_checkpoint(path)
     model = DFlashDraftModel(cfg)
     weights = load_file(str(Path(path) / "model.safetensors"))
+    for shared in ("embed_tokens", "lm_head"):  # DSpark: absent means the target's
+        if cfg.dspark and f"{shared}.weight" not in weights:
+            delattr(model, shared)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise ValueError(f"checkpoint names differ from the reference: missing {missing}, "
@@ -282,7 +347,7 @@ def prefill_target(target_path: str | Path, prompt: list[int]) -> TargetPrefill:
 @dataclass
 class DraftBlock:
     hidden: torch.Tensor  # [D, H] drafter outputs of the prediction slots (after final norm)
-    base_logits: torch.Tensor  # [D, V] target lm_head of ``hidden``
+    base_logits: torch.Tensor  # [D, V] target lm_head of ``hidden`` ([D, V'] DSpark's own)
     block_positions: torch.Tensor  # [block_size]
     predicted_positions: torch.Tensor  # [D] the position each prediction is for
 
@@ -296,13 +361,16 @@ def draft_block(model: DFlashDraftModel, target: TargetPrefill, prompt_len: int,
     block_ids = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.int64)
     block_ids[0] = root
     block_positions = torch.arange(start, start + cfg.block_size)
-    out = model(target.embed[block_ids], target.context_features(cfg.target_layer_ids),
+    own_embed, own_lm_head = getattr(model, "embed_tokens", None), getattr(model, "lm_head", None)
+    embed = target.embed if own_embed is None else own_embed.weight
+    out = model(embed[block_ids], target.context_features(cfg.target_layer_ids),
                 torch.arange(prompt_len), block_positions)
     if cfg.shift_label:
         hidden, predicted = out, block_positions + 1
     else:
         hidden, predicted = out[1:], block_positions[1:]
-    return DraftBlock(hidden, hidden @ target.lm_head.T, block_positions, predicted)
+    lm_head = target.lm_head if own_lm_head is None else own_lm_head.weight  # [V' or V, H]
+    return DraftBlock(hidden, hidden @ lm_head.T, block_positions, predicted)
 
 
 @dataclass
@@ -337,3 +405,15 @@ def domino_greedy_chain(model: DFlashDraftModel, target: TargetPrefill, block: D
         if i + 1 < depths:
             _, state = model.prefix_gru(target.embed[token].view(1, 1, -1), state)
     return GreedyChain(torch.tensor(tokens), torch.stack(corrected), torch.stack(states))
+
+
+@torch.no_grad()
+def dspark_greedy_chain(model: DFlashDraftModel, block: DraftBlock, root: int) -> torch.Tensor:
+    """DSpark's sequential Markov stage at temperature 0: [D] draft tokens (target ids)."""
+    markov = model.markov_head
+    prev, tokens = torch.tensor([root]), []
+    for i in range(block.base_logits.shape[0]):
+        logits = block.base_logits[i : i + 1] + markov.markov_w2(markov.markov_w1(prev))
+        prev = model.draft_to_target(logits.argmax(-1))
+        tokens.append(int(prev))
+    return torch.tensor(tokens)

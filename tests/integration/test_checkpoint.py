@@ -114,3 +114,89 @@ def test_a_drafter_that_does_not_fit_its_target_is_refused(sizes, message):
     target = {"vocab": VOCAB, "hidden": 2560, "num_layers": 36} | sizes
     with pytest.raises(DrafterConfigError, match=message):
         layout.check_target(**target)
+
+
+# ------------------------------------------------------------------------------- DSpark
+def dspark(hidden: int, intermediate: int, **changes) -> dict:
+    """deepseek-ai/dspark_qwen3_*_block7 as DeepSpec's build_draft_config writes it: a copy
+    of the target's Qwen3 config with the DSpark keys at the top level."""
+    return {"architectures": ["Qwen3DSparkModel"], "model_type": "qwen3",
+            "vocab_size": VOCAB, "hidden_size": hidden, "intermediate_size": intermediate,
+            "num_hidden_layers": 5, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+            "rope_theta": 1_000_000, "max_position_embeddings": 40960,
+            "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            "num_target_layers": 36, "block_size": 7, "layer_types": ["full_attention"] * 5,
+            "mask_token_id": MASK, "target_layer_ids": IDS, "num_anchors": 512,
+            "enable_confidence_head": True, "confidence_head_with_markov": True,
+            "markov_rank": 256, "markov_head_type": "vanilla"} | changes
+
+
+@pytest.mark.parametrize("model", sorted(SIZES))
+@pytest.mark.parametrize("reduced", [False, True], ids=["full-vocab", "reduced-vocab"])
+def test_dspark_configs_round_trip(model, reduced):
+    raw = dspark(*SIZES[model], **({"draft_vocab_size": 32000} if reduced else {}))
+    layout = DrafterLayout.from_config(raw)
+    assert (layout.head, layout.markov_rank, layout.block_size) == ("markov", 256, 7)
+    # vLLM's DSparkSpeculator: anchor first (sample_from_anchor defaults to True), so a
+    # block of 7 slots drafts 7 depths, like Domino's shift layout.
+    assert layout.shift_label and layout.num_depths == 7
+    assert layout.confidence_head and layout.confidence_head_with_markov
+    assert (layout.mask_token_id, layout.target_layer_ids) == (MASK, tuple(IDS))
+    assert layout.output_vocab_size == (32000 if reduced else VOCAB)
+    assert layout.has_reduced_vocab is reduced
+    written = layout.to_config("bfloat16")
+    assert DrafterLayout.from_config(written) == layout
+    for key in ("architectures", "block_size", "mask_token_id", "target_layer_ids",
+                "markov_rank", "markov_head_type", "enable_confidence_head",
+                "confidence_head_with_markov", "layer_types", "vocab_size", "hidden_size"):
+        assert written[key] == raw[key], key
+    assert written.get("draft_vocab_size") == raw.get("draft_vocab_size")
+    assert "dflash_config" not in written
+
+
+def test_dspark_config_as_a_dartree_engine_sees_it():
+    """vLLM carries a dartree drafter as method "dflash": transformers loads the DSpark
+    config as a Qwen3Config and EAGLEConfig renames the architecture DFlashQwen3DSparkModel."""
+    from transformers import Qwen3Config
+
+    from vllm_dartree.integration.drafter_model import read_layout
+
+    raw = dspark(*SIZES["Qwen3-8B"], enable_confidence_head=False)
+    del raw["confidence_head_with_markov"]
+    seen = Qwen3Config(**raw)
+    seen.architectures = ["DFlashQwen3DSparkModel"]
+    layout = read_layout(seen, target_vocab=VOCAB, target_hidden=4096, target_layers=36)
+    assert layout == DrafterLayout.from_config(raw)
+    assert not layout.confidence_head and layout.logit_scale == 1.0
+
+
+def test_dspark_absent_fields_mean_what_vllm_takes_them_to_mean():
+    raw = dspark(*SIZES["Qwen3-4B"])
+    for key in ("markov_head_type", "enable_confidence_head", "confidence_head_with_markov"):
+        del raw[key]
+    layout = DrafterLayout.from_config(raw | {"draft_vocab_size": None})
+    # vLLM: getattr(config, "enable_confidence_head", False), draft_vocab_size or vocab_size
+    assert not layout.confidence_head and not layout.confidence_head_with_markov
+    assert layout.draft_vocab_size is None and layout.output_vocab_size == VOCAB
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"markov_rank": 0}, "markov_rank = 0 is not supported; allowed: a positive integer"),
+    ({"markov_rank": None}, "markov_rank = None"),
+    ({"markov_head_type": "gated"}, "markov_head_type = 'gated' is not supported; allowed: "
+                                    "absent or 'vanilla'"),
+    ({"sample_from_anchor": False}, "sample_from_anchor = False .* allowed: absent or true"),
+    ({"block_size": None}, "DSpark drafter config is missing block_size"),
+    ({"mask_token_id": None}, "missing dflash_config.mask_token_id \\(top-level"),
+    ({"target_layer_ids": []}, "missing dflash_config.target_layer_ids \\(top-level"),
+    ({"draft_vocab_size": VOCAB + 1}, f"draft_vocab_size = {VOCAB + 1} is not allowed; it must "
+                                      f"be in 1..vocab_size = {VOCAB}"),
+    ({"dflash_config": {"projector_type": "domino"}}, "projector_type = 'domino'; allowed: "
+                                                      "absent"),
+    ({"layer_types": ["sliding_attention"] * 5}, "sliding_attention layers"),
+])
+def test_a_bad_dspark_config_names_its_field(changes, message):
+    raw = dspark(*SIZES["Qwen3-4B"], **changes)
+    with pytest.raises(DrafterConfigError, match=message):
+        DrafterLayout.from_config(raw)

@@ -96,8 +96,9 @@ def test_drafter_mismatch_fails_before_loading(tmp_path, tiny_target, tiny_domin
         _engine_config(tiny_target, {"method": "dartree", "model": str(drafter)})
 
 
-def test_correction_needs_a_domino_head(tiny_target, tiny_dflash):
-    with pytest.raises(DARTreeConfigError, match=r"'correction' = True needs a drafter with a Domino head"):
+def test_correction_needs_a_correction_head(tiny_target, tiny_dflash):
+    with pytest.raises(DARTreeConfigError, match=r"'correction' = True needs a drafter with a "
+                                                 r"correction head \(Domino or DSpark\)"):
         _engine_config(tiny_target, {"method": "dartree", "model": str(tiny_dflash),
                                      "correction": True})
 

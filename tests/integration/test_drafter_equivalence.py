@@ -233,3 +233,51 @@ def test_domino_head_weights_are_the_checkpoints(domino):
     # The GRU input of token v is the target's embedding row v, over the whole vocabulary.
     table = domino.target.embed @ model.prefix_gru.weight_ih_l0.T
     assert torch.allclose(head.input_gate_table.cpu(), table, atol=1e-5)
+
+
+# ------------------------------------------------------------------------ DSpark chain
+DSPARK_BLOCK = 7
+
+
+@pytest.fixture(scope="module", params=["tiny_dspark_reduced", "tiny_dspark_shared"])
+def dspark(request, engines, tiny_target, target_prefill) -> Side:
+    """A DSpark-format drafter (block 7, Markov head, confidence head) as a dartree chain:
+    with its own embed_tokens and lm_head and a reduced draft vocabulary (d2t), or sharing
+    the target's embed_tokens and lm_head."""
+    return run_both(engines, tiny_target, target_prefill, request.getfixturevalue(request.param),
+                    correction=True)
+
+
+def test_dspark_anchor_first_block_matches_reference(dspark):
+    """Block [root, mask x 6] at positions L..L+6, every slot a prediction (7 depths), the
+    block embedded with the drafter's own embed_tokens (else the target's); base logits from
+    its own lm_head in the draft vocabulary (else the target's), scattered to target ids by
+    d2t (-inf elsewhere)."""
+    cap, block = dspark.captured, dspark.block
+    assert dspark.model.cfg.shift_label and cap.depth_hidden.shape[1] == DSPARK_BLOCK
+    assert cap.query_positions.tolist() == block.block_positions.tolist()
+    assert_close(cap.depth_hidden[0], block.hidden, "depth hidden states")
+    base = vllm_base_logits(dspark)
+    kept = dspark.model.draft_to_target(torch.arange(dspark.model.cfg.draft_vocab_size))
+    assert_close(base[:, kept], block.base_logits, "base logits on the draft vocabulary")
+    off_draft = torch.ones(VOCAB, dtype=torch.bool).index_fill(0, kept, False)
+    assert torch.isneginf(base[:, off_draft]).all()
+    shared = not hasattr(dspark.model, "lm_head")
+    assert shared == (dspark.captured.proposer.model.lm_head.weight.shape[0] == VOCAB
+                      and torch.equal(dspark.captured.proposer.model.lm_head.weight.cpu(),
+                                      dspark.target.lm_head))
+
+
+def test_dspark_chain_is_dsparks_greedy_chain(dspark):
+    """The engine's chain with the Markov head = DSpark's own sequential greedy chain: the
+    first slot's previous token is the root, each later slot's the token drafted before."""
+    reference = ref.dspark_greedy_chain(dspark.model, dspark.block, dspark.root)
+    head = dspark.captured.proposer.head
+    assert type(head).__name__ == "MarkovHead"
+    assert torch.equal(head.markov_w1.cpu(), dspark.model.markov_head.markov_w1.weight)
+    assert torch.equal(head.markov_w2.cpu(), dspark.model.markov_head.markov_w2.weight)
+    drafted = dspark.captured.tree_tokens[0, :DSPARK_BLOCK]
+    assert drafted.tolist() == reference.tolist()
+    # The Markov bias changes this chain: without it the drafts differ.
+    plain = dspark.model.draft_to_target(dspark.block.base_logits.argmax(-1))
+    assert plain.tolist() != reference.tolist()

@@ -146,6 +146,15 @@ class DrafterArchitecture(ArchitectureOverride):
     model_path = "vllm_dartree.integration.drafter_model:DARTreeDraftModel"
 
 
+class DSparkDrafterArchitecture(ArchitectureOverride):
+    """vLLM carries dartree as its method "dflash", whose EAGLEConfig renames a DSpark
+    checkpoint's ``Qwen3DSparkModel`` to ``DFlashQwen3DSparkModel``, a name vLLM does not
+    register: register it as our drafter (the DFlash backbone plus the Markov head)."""
+
+    architecture = "DFlashQwen3DSparkModel"
+    model_path = "vllm_dartree.integration.drafter_model:DARTreeDraftModel"
+
+
 class CpuTreeAttention(BackendOverride):
     backend = "CPU_ATTN"
     class_path = "vllm_dartree.integration.cpu_attention.TreeCPUAttentionBackend"
@@ -174,7 +183,7 @@ def dartree_touchpoints() -> list[type[TouchPoint]]:
     from vllm_dartree.integration.runner import RUNNER_PATCHES, DFlashProposerGlobal
 
     return [ActiveInEngineProcesses, V1RunnerForDartree, *CPU_DEFECT_FIXES,
-            DrafterArchitecture, CpuTreeAttention, TritonTreeAttention,
+            DrafterArchitecture, DSparkDrafterArchitecture, CpuTreeAttention, TritonTreeAttention,
             DFlashProposerGlobal, *RUNNER_PATCHES]
 
 
@@ -227,8 +236,9 @@ def build_dartree_speculative_config(engine_args, requested: dict, original,
         engine_args.speculative_config = saved_config
         for attr, value in saved.items():
             setattr(engine_args, attr, value)
-    check_drafter(config, speculative.draft_model_config.hf_config, target_model_config,
-                  parallel_config)
+    layout = check_drafter(config, speculative.draft_model_config.hf_config,
+                           target_model_config, parallel_config)
+    expose_target_layers(speculative.draft_model_config.hf_config, layout)
     object.__setattr__(speculative, SETTINGS_ATTR, config)
     logger.info("vllm-dartree: tree=%s B=%d W=%d K=%d beta=%g drafter=%s", config.tree,
                 config.budget, config.width, config.top_k, config.effective_depth_bonus,
@@ -263,8 +273,20 @@ def select_tree_attention_backend(config, engine_args) -> None:
         select_triton_backend(engine_args)
 
 
-def check_drafter(config, draft_hf_config, target_model_config, parallel_config) -> None:
-    """Drafter/target/settings mismatches, reported before any weight is loaded."""
+def expose_target_layers(draft_hf_config, layout) -> None:
+    """A DSpark config keeps target_layer_ids and mask_token_id at the top level, where
+    vLLM's V2 runner looks; the V1 runner a dartree engine runs on reads the drafter's
+    target layers only from dflash_config (``GPUModelRunner._get_eagle3_aux_layers_from_
+    config``) and would otherwise capture its default layers. Put them there too."""
+    dflash = dict(getattr(draft_hf_config, "dflash_config", None) or {})
+    dflash.setdefault("target_layer_ids", list(layout.target_layer_ids))
+    dflash.setdefault("mask_token_id", layout.mask_token_id)
+    draft_hf_config.dflash_config = dflash
+
+
+def check_drafter(config, draft_hf_config, target_model_config, parallel_config):
+    """Drafter/target/settings mismatches, reported before any weight is loaded; returns
+    the drafter's layout."""
     from vllm_dartree.config import DARTreeConfigError
     from vllm_dartree.integration.drafter_model import read_layout
 
@@ -276,9 +298,9 @@ def check_drafter(config, draft_hf_config, target_model_config, parallel_config)
     )
     if config.correction and not layout.has_head:
         raise DARTreeConfigError(
-            f"speculative_config key 'correction' = True needs a drafter with a Domino head; "
-            f"{config.model} is a DFlash checkpoint without one (set correction to false or "
-            "use a Domino drafter)"
+            f"speculative_config key 'correction' = True needs a drafter with a correction "
+            f"head (Domino or DSpark); {config.model} is a DFlash checkpoint without one (set "
+            "correction to false or use a Domino or DSpark drafter)"
         )
     # The default K is capped at the vocabulary; a K the user chose must fit it.
     if config.user_set("top_k") and config.top_k > target_model_config.get_vocab_size():
@@ -286,3 +308,4 @@ def check_drafter(config, draft_hf_config, target_model_config, parallel_config)
             f"speculative_config key 'top_k' = {config.top_k} exceeds the vocabulary size "
             f"{target_model_config.get_vocab_size()}"
         )
+    return layout

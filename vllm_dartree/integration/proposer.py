@@ -34,7 +34,7 @@ def dartree_settings(vllm_config) -> DARTreeConfig | None:
 
 
 class DARTreeProposer(DFlashProposer):
-    """DFlash/Domino drafter + DARTree (or chain/fixed/DDTree) tree building."""
+    """DFlash/Domino/DSpark drafter + DARTree (or chain/fixed/DDTree) tree building."""
 
     def __init__(self, vllm_config, device, runner=None):
         spec = vllm_config.speculative_config
@@ -73,7 +73,7 @@ class DARTreeProposer(DFlashProposer):
         """CUDA graphs of the per-depth head calls, every shape captured now (at load, not
         mid-serving), unless the engine runs eagerly. On a CPU there are no launches to
         save, and padding would only add rows."""
-        if self.head is None or not self.head.proj0.is_cuda:
+        if self.head is None or self.head.device.type != "cuda":
             return None
         if self.vllm_config.model_config.enforce_eager:
             return None

@@ -138,6 +138,15 @@ NAMES: tuple[VllmName, ...] = _names(
     VllmName("vllm.model_executor.models.qwen3_dflash:"
              "DFlashQwen3ForCausalLM.combine_hidden_states", ("hidden_states",)),
     VllmName("vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model.embed_tokens"),
+    VllmName("vllm.model_executor.models.qwen3_dflash:"
+             "DFlashQwen3ForCausalLM.draft_id_to_target_id",
+             use="d2t of a reduced-vocabulary DSpark drafter (inverted for the Markov head)"),
+    VllmName("vllm.transformers_utils.configs.eagle:EAGLEConfig",
+             use="method dflash renames a DSpark checkpoint's Qwen3DSparkModel to "
+                 "DFlashQwen3DSparkModel (activation.DSparkDrafterArchitecture)"),
+    VllmName("vllm.model_executor.models.qwen3_dspark:Qwen3DSparkForCausalLM.load_weights",
+             ("self", "weights"), exact=True,
+             use="not used: the DSpark weight names and shapes DARTreeDraftModel reads"),
     # --- the proposer (DARTreeProposer subclasses DFlashProposer)
     VllmName(PROPOSER, use="subclassed by DARTreeProposer"),
     VllmName(f"{PROPOSER}.__init__", ("self", "vllm_config", "device", "runner"), exact=True),
@@ -181,6 +190,9 @@ NAMES: tuple[VllmName, ...] = _names(
              use="wrapped; positions read by keyword"),
     VllmName(f"{RUNNER}._sample", ("self", "logits", "spec_decode_metadata"), exact=True),
     VllmName(f"{RUNNER}.drafter"),
+    VllmName(f"{RUNNER}._get_eagle3_aux_layers_from_config", ("self",), exact=True,
+             use="reads a drafter's target layers from dflash_config only "
+                 "(activation.expose_target_layers copies DSpark's there)"),
     VllmName(f"{RUNNER}.input_batch"),
     VllmName(f"{RUNNER}.requests"),
     VllmName(f"{RUNNER}.device"),

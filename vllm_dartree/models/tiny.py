@@ -2,7 +2,10 @@
 
 - a Qwen3 target (``Qwen3ForCausalLM``, safetensors, untied embeddings);
 - a z-lab-style DFlash drafter (``DFlashDraftModel``, non-shift layout, no embed/lm_head);
-- a Domino drafter (the same backbone plus ``prefix_gru`` and ``embed_proj``, shift layout).
+- a Domino drafter (the same backbone plus ``prefix_gru`` and ``embed_proj``, shift layout);
+- a DSpark drafter (``Qwen3DSparkModel``: the same backbone plus ``markov_head`` and, as the
+  releases ship them, ``confidence_head``, its own ``embed_tokens``/``lm_head`` copies and,
+  for a reduced draft vocabulary, ``d2t``/``t2d``; anchor-first block).
 
 Every writer is deterministic in its arguments and caches its output under
 ``.cache/models/tiny/`` keyed by those arguments, so a test session writes each model once.
@@ -55,8 +58,22 @@ class DrafterSpec:
     gru_hidden_dim: int = 64
     emb_dim: int = 32
     pure_draft_prefix_len: int = 1
+    markov_rank: int = 0  # > 0: a DSpark drafter with a Markov head of this rank
+    confidence_head: bool = True  # DSpark only, fed the Markov embedding as in the release
+    draft_vocab_size: int | None = None  # DSpark only: a reduced output vocabulary
+    # DSpark only: ship own embed_tokens / lm_head copies (DeepSpec's export); without them
+    # vLLM shares the target's.
+    own_embeddings: bool = True
     init_std: float = 0.1
     seed: int = 1
+
+    @property
+    def dspark(self) -> bool:
+        return self.markov_rank > 0
+
+    @property
+    def kind(self) -> str:
+        return "dspark" if self.dspark else "domino" if self.domino else "dflash"
 
     @property
     def mask_token_id(self) -> int:
@@ -164,8 +181,22 @@ def write_target(spec: TargetSpec = TargetSpec()) -> Path:
 
 
 def drafter_layout(spec: DrafterSpec) -> DrafterLayout:
-    """The layout of a DFlash (z-lab) or Domino drafter for ``spec.target``."""
+    """The layout of a DFlash (z-lab), Domino or DSpark drafter for ``spec.target``."""
     t = spec.target
+    if spec.dspark:
+        return DrafterLayout(
+            vocab_size=t.vocab_size, hidden_size=t.hidden_size,
+            intermediate_size=t.intermediate_size, num_hidden_layers=spec.num_hidden_layers,
+            num_attention_heads=t.num_attention_heads,
+            num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim,
+            target_layer_ids=spec.target_layer_ids, mask_token_id=spec.mask_token_id,
+            num_target_layers=t.num_hidden_layers, block_size=spec.block_size,
+            shift_label=True, head="markov", markov_rank=spec.markov_rank,
+            confidence_head=spec.confidence_head,
+            confidence_head_with_markov=spec.confidence_head,
+            draft_vocab_size=spec.draft_vocab_size, rope_theta=TINY_ROPE_THETA,
+            max_position_embeddings=t.max_position_embeddings,
+        )
     return DrafterLayout(
         vocab_size=t.vocab_size, hidden_size=t.hidden_size,
         intermediate_size=t.intermediate_size, num_hidden_layers=spec.num_hidden_layers,
@@ -182,12 +213,13 @@ def drafter_layout(spec: DrafterSpec) -> DrafterLayout:
 
 
 def drafter_config(spec: DrafterSpec) -> dict:
-    """config.json of a DFlash (z-lab) or Domino drafter for ``spec.target``."""
+    """config.json of a DFlash (z-lab), Domino or DSpark drafter for ``spec.target``."""
     return drafter_layout(spec).to_config()
 
 
 def drafter_weights(spec: DrafterSpec) -> dict[str, torch.Tensor]:
-    """Random drafter weights under the released checkpoints' names (no embed, no lm_head)."""
+    """Random drafter weights under the released checkpoints' names (DFlash and Domino: no
+    embed, no lm_head; DSpark: see :func:`dspark_weights`)."""
     t = spec.target
     hidden = t.hidden_size
     gen = torch.Generator().manual_seed(spec.seed)
@@ -209,17 +241,58 @@ def drafter_weights(spec: DrafterSpec) -> dict[str, torch.Tensor]:
             "embed_proj.0.weight": _normal(gen, spec.init_std, e, hidden + g),
             "embed_proj.2.weight": _normal(gen, spec.init_std, t.vocab_size, e),
         }
+    if spec.dspark:
+        weights |= dspark_weights(spec, gen)
+    return weights
+
+
+def dspark_kept_target_ids(spec: DrafterSpec) -> torch.Tensor:
+    """The target ids of a reduced draft vocabulary, ascending (every other id, then the
+    rest from the top, so that d2t offsets vary)."""
+    vocab = spec.target.vocab_size
+    order = [*range(0, vocab, 2), *range(1, vocab, 2)[::-1]]
+    return torch.tensor(sorted(order[: spec.draft_vocab_size]))
+
+
+def dspark_weights(spec: DrafterSpec, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """DSpark's heads by vLLM's loader names (qwen3_dspark.py: markov_head.markov_w1 [V, r],
+    markov_head.markov_w2 [V', r], confidence_head.proj [1, H (+ r)] with bias), plus the
+    own embed_tokens / lm_head copies DeepSpec exports (unless ``own_embeddings`` is off)
+    and, for V' < V, d2t (draft id i -> target id i + d2t[i]) and t2d (a [V] bool mask,
+    training-only: vLLM skips it)."""
+    t, rank = spec.target, spec.markov_rank
+    layout = drafter_layout(spec)
+    # Markov biases (std 2) of the base logits' scale (std ~2), so that they change drafts.
+    weights = {
+        "markov_head.markov_w1.weight": _normal(gen, 1.0, t.vocab_size, rank),
+        "markov_head.markov_w2.weight": _normal(gen, 2.0 / rank**0.5,
+                                                layout.output_vocab_size, rank),
+        "embed_tokens.weight": _normal(gen, 1.0, t.vocab_size, t.hidden_size),
+    }
+    lm_head = _normal(gen, 0.2, t.vocab_size, t.hidden_size)
+    if layout.has_reduced_vocab:
+        kept = dspark_kept_target_ids(spec)
+        weights["d2t"] = kept - torch.arange(len(kept))
+        weights["t2d"] = torch.zeros(t.vocab_size, dtype=torch.bool).index_fill(0, kept, True)
+        lm_head = lm_head[kept]
+    weights["lm_head.weight"] = lm_head
+    if not spec.own_embeddings:
+        del weights["embed_tokens.weight"], weights["lm_head.weight"]
+    if spec.confidence_head:
+        weights["confidence_head.proj.weight"] = _normal(gen, spec.init_std, 1,
+                                                         t.hidden_size + rank)
+        weights["confidence_head.proj.bias"] = torch.zeros(1)
     return weights
 
 
 def write_drafter(spec: DrafterSpec) -> Path:
-    """A random DFlash or Domino drafter checkpoint for ``spec.target``."""
+    """A random DFlash, Domino or DSpark drafter checkpoint for ``spec.target``."""
 
     def write(out: Path) -> None:
         save_file(drafter_weights(spec), out / "model.safetensors", metadata={"format": "pt"})
         (out / "config.json").write_text(json.dumps(drafter_config(spec), indent=2))
 
-    return _cached_dir("domino" if spec.domino else "dflash", spec, write)
+    return _cached_dir(spec.kind, spec, write)
 
 
 CHAT_TEMPLATE = (

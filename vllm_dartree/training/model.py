@@ -27,14 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm_dartree.checkpoint import DrafterLayout
+from vllm_dartree.checkpoint import DOMINO, DrafterLayout
 from vllm_dartree.tree.correction import DominoHead
 
 IGNORE_INDEX = -100
 
 
 def check_trainable(arch: DrafterLayout) -> None:
-    if not (arch.has_head and arch.shift_label):
+    if not (arch.head == DOMINO and arch.shift_label):
         raise ValueError("the trainer builds Domino drafters (a correction head and the "
                          f"shift layout); got head={arch.head!r}, shift_label={arch.shift_label}")
 

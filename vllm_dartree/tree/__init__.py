@@ -1,8 +1,11 @@
-"""Pure-torch draft-tree core: tree tensors, Domino correction head, builders, acceptance."""
+"""Pure-torch draft-tree core: tree tensors, correction heads (Domino, DSpark Markov) behind
+one protocol, builders, acceptance."""
 
 from vllm_dartree.tree.accept import AcceptResult, accept_tree
 from vllm_dartree.tree.build import VARIANTS, build_tree, stable_topk
 from vllm_dartree.tree.correction import DominoHead
+from vllm_dartree.tree.heads import CorrectionHead
+from vllm_dartree.tree.markov import MarkovHead
 from vllm_dartree.tree.sampling import (
     GREEDY_TEMPERATURE,
     choose_tokens,
@@ -30,8 +33,10 @@ __all__ = [
     "GREEDY_TEMPERATURE",
     "VARIANTS",
     "AcceptResult",
+    "CorrectionHead",
     "DominoHead",
     "DraftTree",
+    "MarkovHead",
     "accept_tree",
     "ancestor_mask",
     "build_tree",

@@ -6,6 +6,9 @@ budget B. Depth d (1-based) uses row d-1 of both. ``chain``, ``ddtree``, ``fixed
 ``pruned`` are batched with static shapes (Python loops run over depths or budget steps only,
 no host syncs); ``sequential`` is the slow per-node reference of the DARTree ablation.
 
+The correction head (Domino's GRU head or DSpark's Markov head) is used only through the
+:class:`~vllm_dartree.tree.heads.CorrectionHead` protocol.
+
 Tie-breaking is deterministic everywhere: among equal scores the lower index wins (the
 ancestor first, then the lower candidate rank / insertion order).
 """
@@ -19,8 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from vllm_dartree.kernels.topb import select_top_b
-from vllm_dartree.tree.correction import DominoHead
 from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size
+from vllm_dartree.tree.heads import CorrectionHead
 from vllm_dartree.tree.types import DraftTree, padded_tree
 
 VARIANTS = ("chain", "ddtree", "fixed", "pruned", "sequential")
@@ -34,7 +37,7 @@ def build_tree(
     base_logits: torch.Tensor,
     draft_hidden: torch.Tensor | None,
     root_tokens: torch.Tensor,
-    head: DominoHead | None,
+    head: CorrectionHead | None,
     *,
     budget: int = 64,
     top_k: int = 64,
@@ -45,7 +48,8 @@ def build_tree(
     """Build the draft trees of R requests with one of ``VARIANTS``.
 
     - ``chain``: greedy chain of min(D, budget) nodes (head: corrected argmax over the top-K
-      candidates, GRU advanced along the chain = Domino; no head: argmax of base logits).
+      candidates, the head's state advanced along the chain = Domino's or DSpark's own
+      chain; no head: argmax of base logits).
     - ``ddtree``: best-first over factorised full-vocabulary marginals, min(budget, V) ranks
       per depth as in the reference (``head``, ``draft_hidden``, ``top_k`` unused).
     - ``fixed``: DARTree with per-depth quota ceil(remaining budget / remaining depths)
@@ -95,12 +99,12 @@ def capture_all_shapes(graphs: CorrectionGraphs, variants: set[str], max_request
     requests once now, so that ``graphs`` holds (on CUDA: has captured) every shape before
     serving starts instead of capturing mid-serving. Runs the real code path on zeros."""
     head = graphs.head
-    device = head.proj0.device
+    device = head.device
     requests = 1
     while True:
         for variant in sorted(variants & {"chain", "fixed", "pruned"}):
             logits = torch.zeros(requests, num_depths, top_k, device=device)
-            hidden = torch.zeros(requests, num_depths, head.hidden_size, device=device)
+            hidden = torch.zeros(requests, num_depths, head.hidden_size or 1, device=device)
             roots = torch.zeros(requests, dtype=torch.int64, device=device)
             candidates = prepare_candidates(logits, hidden, head, top_k)
             grow_supertree(candidates, head, roots,
@@ -138,7 +142,9 @@ def _validate(variant, base_logits, draft_hidden, root_tokens, head, budget, top
     if head is not None and variant != "ddtree":
         if draft_hidden is None:
             raise ValueError("draft_hidden is required when a correction head is given")
-        expected = (*base_logits.shape[:2], head.hidden_size)
+        # A head that reads no hidden state (Markov) accepts any H.
+        width = draft_hidden.shape[-1] if head.hidden_size is None else head.hidden_size
+        expected = (*base_logits.shape[:2], width)
         if tuple(draft_hidden.shape) != expected:
             raise ValueError(f"draft_hidden must be [R, D, H] = {list(expected)}, got "
                              f"{list(draft_hidden.shape)}")
@@ -181,26 +187,26 @@ class Candidates:
 
     ids: torch.Tensor  # [R, D, K] base top-K token ids, best first
     base: torch.Tensor  # [R, D, K] their base logits
-    z_proj: torch.Tensor | None  # [R, D, E] W_z . drafter hidden (None without a head)
-    weights: torch.Tensor | None  # [R, D, K, E] proj2 rows of the candidates
+    context: torch.Tensor | None  # [R, D, C] head.depth_context (None without a head)
+    weights: torch.Tensor | None  # [R, D, K, W] the head's output rows of the candidates
 
 
 def prepare_candidates(
     base_logits: torch.Tensor,
     draft_hidden: torch.Tensor | None,
-    head: DominoHead | None,
+    head: CorrectionHead | None,
     top_k: int,
 ) -> Candidates:
-    """Top-K of every depth, W_z.z for all depths in one matmul, proj2 rows gathered once."""
+    """Top-K of every depth, the head's per-depth context for all depths at once (Domino:
+    W_z.z in one matmul) and the candidates' output rows gathered once."""
     base, ids = stable_topk(base_logits.float(), top_k)
     if head is None:
         return Candidates(ids, base, None, None)
-    z_proj = head.project_hidden(draft_hidden.to(head.proj0.dtype))
-    return Candidates(ids, base, z_proj, head.candidate_weights(ids))
+    return Candidates(ids, base, head.depth_context(draft_hidden), head.candidate_weights(ids))
 
 
 def candidate_logprobs(
-    candidates: Candidates, depth: int, head: DominoHead | None, states: torch.Tensor | None,
+    candidates: Candidates, depth: int, head: CorrectionHead | None, states: torch.Tensor | None,
     graphs: CorrectionGraphs | None = None,
 ) -> torch.Tensor:
     """Log-probs of the K candidates of ``depth`` for each parent, normalised over the K.
@@ -211,14 +217,14 @@ def candidate_logprobs(
     base = candidates.base[:, depth - 1]
     if head is not None and head.corrects_depth(depth):
         corrected = head.corrected_logprobs if graphs is None else graphs.logprobs
-        return corrected(base, candidates.z_proj[:, depth - 1],
+        return corrected(base, candidates.context[:, depth - 1],
                          candidates.weights[:, depth - 1], states)
     logits = base.unsqueeze(1)
     return logits - logits.logsumexp(dim=-1, keepdim=True)
 
 
-def needs_states(head: DominoHead | None, num_depths: int) -> bool:
-    """GRU states matter only if some depth gets the correction."""
+def needs_states(head: CorrectionHead | None, num_depths: int) -> bool:
+    """Head states matter only if some depth gets the correction."""
     return head is not None and head.corrects_depth(num_depths)
 
 
@@ -255,7 +261,7 @@ def fixed_quotas(budget: int, num_depths: int, top_k: int) -> list[int]:
 
 def grow_supertree(
     candidates: Candidates,
-    head: DominoHead | None,
+    head: CorrectionHead | None,
     root_tokens: torch.Tensor,
     quotas: list[int],
     graphs: CorrectionGraphs | None = None,
@@ -263,8 +269,8 @@ def grow_supertree(
     """Per depth, keep the global top-``quota`` (parent, candidate) pairs over the frontier.
 
     Child path score = parent path score + candidate log-prob (normalised over the K
-    candidates, with the parent's GRU state when the depth is corrected). The kept children
-    become the next frontier and their GRU states advance with their tokens.
+    candidates, with the parent's head state when the depth is corrected). The kept children
+    become the next frontier and their states advance with their tokens.
     """
     num_requests, num_depths, top_k = candidates.ids.shape
     device = candidates.ids.device
@@ -424,13 +430,13 @@ def build_ddtree(base_logits: torch.Tensor, root_tokens: torch.Tensor, *, budget
 # --------------------------------------------------------------------------- sequential
 def build_sequential(
     candidates: Candidates,
-    head: DominoHead | None,
+    head: CorrectionHead | None,
     root_tokens: torch.Tensor,
     *,
     budget: int,
     depth_bonus: float,
 ) -> DraftTree:
-    """Exact best-first DARTree: every popped node scores its own children with its own GRU
+    """Exact best-first DARTree: every popped node scores its own children with its own head
     state; priority = path score + depth_bonus * depth. Slow by design (Python loops)."""
     trees = [
         _sequential_one(candidates, head, root_tokens, request, budget, depth_bonus)
@@ -447,7 +453,7 @@ def _sequential_one(candidates, head, root_tokens, request, budget, depth_bonus)
     one = Candidates(
         candidates.ids[request : request + 1],
         candidates.base[request : request + 1],
-        None if candidates.z_proj is None else candidates.z_proj[request : request + 1],
+        None if candidates.context is None else candidates.context[request : request + 1],
         None if candidates.weights is None else candidates.weights[request : request + 1],
     )
     heap: list[tuple] = []

@@ -1,5 +1,8 @@
 """Domino correction head (GRU over realised tokens + low-rank vocabulary bias), pure torch.
 
+One of the two :class:`~vllm_dartree.tree.heads.CorrectionHead` kinds (the other is DSpark's
+Markov head, :mod:`vllm_dartree.tree.markov`).
+
 The head rescores drafter candidates along a branch: its GRU state has consumed the target
 embeddings of every token on the branch (root included), and the additive bias for a slot
 is ``SiLU(proj0 . [z ; s]) . proj2^T`` with z the drafter hidden state of that slot.
@@ -79,6 +82,10 @@ class DominoHead:
         return self.proj2.shape[0]
 
     @property
+    def device(self) -> torch.device:
+        return self.proj0.device
+
+    @property
     def state_size(self) -> int:
         return self.gru_hh.shape[1]
 
@@ -136,6 +143,10 @@ class DominoHead:
     def project_hidden(self, z_hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., E]: W_z . z, shared by every parent of a depth."""
         return z_hidden @ self.proj_z.T
+
+    def depth_context(self, draft_hidden: torch.Tensor) -> torch.Tensor:
+        """[R, D, H] -> [R, D, E]: W_z . z of every depth (the CorrectionHead context)."""
+        return self.project_hidden(draft_hidden.to(self.proj0.dtype))
 
     def candidate_weights(self, cand_ids: torch.Tensor) -> torch.Tensor:
         """[..., K] -> [..., K, E]: only the proj2 rows of the candidates."""

@@ -1,7 +1,8 @@
-"""The per-depth Domino correction steps as fixed-shape calls, replayed from CUDA graphs.
+"""The per-depth correction-head steps as fixed-shape calls, replayed from CUDA graphs.
 
-Tree building calls the correction head once or twice per depth (score the K candidates of
-N frontier nodes, advance the kept children's GRU states) for R requests at a time. On a
+Tree building calls the correction head (any :class:`~vllm_dartree.tree.heads.CorrectionHead`:
+Domino's or DSpark's Markov head) once or twice per depth (score the K candidates of N
+frontier nodes, advance the kept children's states) for R requests at a time. On a
 GPU each call is a handful of small kernels whose launch latency outweighs their work, and a
 CUDA graph replays them in one launch. Graphs need fixed shapes, so the request axis is
 padded to a power-of-two bucket (1, 2, 4, ... requests, i.e. 1, 2, 4, ... x N rows; N, K and
@@ -18,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from vllm_dartree.tree.correction import DominoHead
+from vllm_dartree.tree.heads import CorrectionHead
 
 
 def bucket_size(rows: int) -> int:
@@ -65,11 +66,11 @@ class _FixedShapeStep:
 class CorrectionGraphs:
     """Padded (and on CUDA, graph-replayed) stand-ins for the head's per-depth calls.
 
-    ``logprobs`` and ``advance`` take and return what ``DominoHead.corrected_logprobs`` and
-    ``DominoHead.advance`` do; ``build_tree(..., graphs=...)`` uses them in place of the head.
+    ``logprobs`` and ``advance`` take and return what the head's ``corrected_logprobs`` and
+    ``advance`` do; ``build_tree(..., graphs=...)`` uses them in place of the head.
     """
 
-    def __init__(self, head: DominoHead, *, capture: bool = False,
+    def __init__(self, head: CorrectionHead, *, capture: bool = False,
                  max_bucket: int = 512) -> None:
         self.head = head
         self.capture = capture
@@ -77,14 +78,15 @@ class CorrectionGraphs:
         self._steps: dict[tuple, _FixedShapeStep] = {}
         self._pool = None
 
-    def logprobs(self, base: torch.Tensor, z_proj: torch.Tensor, cand_weights: torch.Tensor,
+    def logprobs(self, base: torch.Tensor, context: torch.Tensor, cand_weights: torch.Tensor,
                  h: torch.Tensor) -> torch.Tensor:
-        """base [R, K], z_proj [R, E], cand_weights [R, K, E], h [R, N, G] -> [R, N, K]."""
+        """base [R, K], context [R, C], cand_weights [R, K, W], h [R, N, S] -> [R, N, K]
+        (C may be 0: a Markov head's context is empty, a zero-size buffer here)."""
         return self._run("logprobs", self.head.corrected_logprobs,
-                         [base, z_proj, cand_weights, h])
+                         [base, context, cand_weights, h])
 
     def advance(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """h [R, N, G], tokens [R, N] -> the states after consuming each token."""
+        """h [R, N, S], tokens [R, N] -> the states after consuming each token."""
         return self._run("advance", self.head.advance, [h, tokens])
 
     def num_captured(self) -> int:
