@@ -44,3 +44,16 @@ def test_every_variant_at_tp2_matches_tp1_target_only(engines, tiny_target, tiny
         "method": "dartree", "model": str(tiny_domino), **settings})
     assert generate_ids(llm, PROMPTS, greedy()) == tp1_target_only
     assert spec_decode_counters(llm)["num_drafts"] > 0
+
+
+@pytest.mark.parametrize("drafter", ["tiny_dspark", "tiny_dspark_reduced"])
+def test_dspark_markov_head_at_tp2_matches_tp1_target_only(request, engines, tiny_target,
+                                                           tp1_target_only, one_core_per_rank,
+                                                           drafter):
+    """The Markov head's weights are replicated on every rank (as in vLLM): trees over a
+    DSpark drafter, with the full and with a reduced draft vocabulary, stay lossless."""
+    llm = engines.get(model=str(tiny_target), **BATCH, **TP2, speculative_config={
+        "method": "dartree", "model": str(request.getfixturevalue(drafter)),
+        "num_speculative_tokens": 24, "width": 6, "top_k": 16})
+    assert generate_ids(llm, PROMPTS, greedy()) == tp1_target_only
+    assert spec_decode_counters(llm)["num_drafts"] > 0
