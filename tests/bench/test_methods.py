@@ -83,3 +83,14 @@ def test_dspark_methods_are_lossless_in_a_bench_run(engines, trained_tiny_dspark
     by_method = {m: [r for r in results["runs"] if r["method"] == m] for m in config.methods}
     assert all(by_method.values())
     assert metrics.tau_micro(by_method["dspark-pruned"]) > 1.0
+
+
+def test_the_report_names_the_drafters_the_methods_used():
+    from vllm_dartree.bench.report import _drafters
+
+    meta = {"drafter": "d", "dspark_drafter": "s"}
+    assert _drafters(meta | {"methods": ["ar", "dspark", "dspark-pruned"]}) == \
+        "DSpark drafter `s`"
+    assert _drafters(meta | {"methods": ["ar", "domino", "dspark"]}) == \
+        "drafter `d`, DSpark drafter `s`"
+    assert _drafters(meta | {"methods": ["ar", "dartree-pruned"]}) == "drafter `d`"
