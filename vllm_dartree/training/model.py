@@ -172,8 +172,8 @@ class DrafterOutput:
 
 
 class MarkovModules(nn.Module):
-    """DSpark's heads under their checkpoint names: ``markov_w1`` (an embedding [V, r]),
-    ``markov_w2`` (r -> V, weight [V, r]) and the optional ``confidence_head.proj``."""
+    """DSpark's Markov head under its checkpoint names (``markov_head.``): ``markov_w1`` (an
+    embedding [V, r]) and ``markov_w2`` (r -> V, weight [V, r])."""
 
     def __init__(self, arch: DrafterLayout) -> None:
         super().__init__()

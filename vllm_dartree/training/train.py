@@ -4,7 +4,8 @@ continuations; export it for vLLM.
 Loss per the Domino recipe: ``(1 - lam) * CE(corrected) + lam * CE(base)`` with ``lam``
 decaying linearly from ``lambda0`` to 0 over the run; AdamW, warmup then cosine (or linear)
 decay, gradient clipping (the same for both heads; a DSpark confidence head adds a BCE term
-on detached inputs, so it calibrates without steering the drafter). Every batch is a pure
+on the detached backbone states, so it does not steer the drafter's hidden states; the Markov
+embedding it also reads is shared and gets the BCE's gradient). Every batch is a pure
 function of ``(seed, step)``, so a resumed run continues exactly where the interrupted one
 stopped (``out/checkpoint.pt`` holds model, optimizer and step). The export (``out/drafter``)
 is the released format of its head (Domino's, or DSpark's ``Qwen3DSparkModel``), written
@@ -278,6 +279,7 @@ def fused_step_loss(model: BlockDrafter, features: torch.Tensor, tokens: torch.T
     loss, stats, hits = fused_drafter_loss_and_hits(
         hidden, head_in, model.output_table(hidden.device.type), model.head_output_weight,
         labels, slot_weights(labels.shape[-1], gamma, labels.device), lam)
+    # The confidence head calibrates: the backbone's states reach it detached.
     confidence = model.confidence_logits(hidden.detach(), tokens, anchors)
     if confidence is None:
         return loss, stats
