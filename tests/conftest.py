@@ -57,6 +57,21 @@ def tiny_dspark_reduced():
 
 
 @pytest.fixture(scope="session")
+def trained_tiny_dspark(tmp_path_factory):
+    """(target dir, drafter dir): a DSpark-format drafter (Markov + confidence head, block 7)
+    from a short ``train-drafter --head markov`` run on the tiny trained target."""
+    from vllm_dartree.models.tiny_pair import TRAINED_TARGET
+    from vllm_dartree.training.train import TrainConfig, train
+
+    target = tiny_models.write_target(TRAINED_TARGET)
+    cfg = TrainConfig(target=str(target), out=str(tmp_path_factory.mktemp("dspark_run")),
+                      head="markov", markov_rank=8, confidence_head=True, block_size=7,
+                      steps=30, batch_size=4, seq_len=48, num_sequences=16, threads=1,
+                      target_layer_ids=(0, 1), stop_at_eos=False, progress=False)
+    return target, train(cfg).drafter_dir
+
+
+@pytest.fixture(scope="session")
 def pair():
     """The tiny target and the drafter trained for it here: (target dir, drafter dir)."""
     from vllm_dartree.models.tiny_pair import trained_tiny_pair

@@ -2,7 +2,8 @@
 
 - ``vllm-dartree serve MODEL [vLLM serve options]``: vLLM's OpenAI server with the plugin.
 - ``vllm-dartree demo``: the main job on an embedded default (see ``vllm_dartree.demo``).
-- ``vllm-dartree train-drafter --target DIR --out DIR ...``: train a DFlash+Domino drafter.
+- ``vllm-dartree train-drafter --target DIR --out DIR ...``: train a DFlash drafter with a
+  Domino or DSpark Markov head.
 - ``vllm-dartree bench ...`` / ``vllm-dartree viz ...``: the benchmark harness and tree drawings.
 """
 
@@ -20,9 +21,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "command", choices=["serve", "demo", "train-drafter", "bench", "viz"],
         help="serve: vLLM's OpenAI server (all `vllm serve` options pass through); demo: a "
-        "self-contained run on local models; train-drafter: train a Domino drafter for a "
-        "target (`vllm-dartree train-drafter --help`); bench: methods x datasets benchmark; "
-        "viz: draw verification trees",
+        "self-contained run on local models; train-drafter: train a Domino or DSpark "
+        "(Markov) drafter for a target (`vllm-dartree train-drafter --help`); bench: "
+        "methods x datasets benchmark; viz: draw verification trees",
     )
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()

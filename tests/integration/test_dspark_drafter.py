@@ -211,3 +211,26 @@ def test_an_unsupported_dspark_config_is_refused_before_weights_load(tmp_path, t
     (drafter / "config.json").write_text(json.dumps(raw | changes))
     with pytest.raises(DrafterConfigError, match=message):
         engine_config(config_only_target(tmp_path, "plain"), drafter)
+
+
+def test_a_trained_markov_drafter_loads_into_our_vllm_drafter(trained_tiny_dspark, monkeypatch):
+    """``train-drafter --head markov`` output: its config reads as a DSpark layout against its
+    target and our vLLM drafter loads its head unchanged (vLLM's backbone loader stubbed)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from vllm_dartree.models.tiny_pair import TRAINED_TARGET as t
+
+    _, drafter = trained_tiny_dspark
+    raw = json.loads((drafter / "config.json").read_text())
+    layout = read_layout(hf_config(raw), target_vocab=t.vocab_size, target_hidden=t.hidden_size,
+                         target_layers=t.num_hidden_layers)
+    assert (layout.head, layout.markov_rank, layout.confidence_head) == ("markov", 8, True)
+    weights = load_file(str(drafter / "model.safetensors"))
+    ours = build_our_drafter(raw, monkeypatch, device="cpu")
+    ours.load_weights(iter(weights.items()))
+    head = ours.correction_head()
+    assert torch.equal(head.markov_w1, weights["markov_head.markov_w1.weight"])
+    assert torch.equal(head.markov_w2, weights["markov_head.markov_w2.weight"])
+    assert ours.has_confidence_head

@@ -1,4 +1,4 @@
-"""The six benchmarked methods as vLLM speculative configs (one engine configuration each).
+"""The benchmarked methods as vLLM speculative configs (one engine configuration each).
 
 =================  ==============================================================
 ar                 target alone (no speculative config)
@@ -7,9 +7,14 @@ ddtree             DDTree best-first tree over the drafter's per-depth marginals
 domino             chain with the Domino correction head
 dartree-fixed      DARTree, per-depth quotas (beta = 0)
 dartree-pruned     DARTree supertree of width W pruned to the top-B by score + beta*depth
+dspark             DSpark's chain: the DSpark drafter's argmax per depth, Markov-corrected
+dspark-fixed       DARTree (fixed) over the DSpark drafter's Markov head
+dspark-pruned      DARTree (pruned) over the DSpark drafter's Markov head
 =================  ==============================================================
 
-Chains verify one node per drafter depth (the block, not B), as DFlash/Domino do.
+Chains verify one node per drafter depth (the block, not B), as DFlash/Domino do. The
+``dspark*`` methods run the DSpark-format drafter (``BenchConfig.dspark_drafter``); the others
+the DFlash/Domino one. Runs without a method list take the first six (``DEFAULT_METHODS``).
 """
 
 from __future__ import annotations
@@ -20,11 +25,20 @@ from typing import Any
 
 from vllm_dartree.checkpoint import DrafterLayout
 
-METHODS: tuple[str, ...] = ("ar", "dflash", "ddtree", "domino", "dartree-fixed", "dartree-pruned")
+DEFAULT_METHODS: tuple[str, ...] = ("ar", "dflash", "ddtree", "domino", "dartree-fixed",
+                                     "dartree-pruned")
+# Each DSpark method is the Domino-drafter method of the same tree on the DSpark drafter: the
+# plugin takes the correction head (here the Markov head) from the checkpoint.
+SAME_TREE_AS = {"dspark": "domino", "dspark-fixed": "dartree-fixed",
+                "dspark-pruned": "dartree-pruned"}
+DSPARK_METHODS: tuple[str, ...] = tuple(SAME_TREE_AS)
+METHODS: tuple[str, ...] = DEFAULT_METHODS + DSPARK_METHODS
 ALIASES = {"fixed": "dartree-fixed", "pruned": "dartree-pruned", "dartree": "dartree-pruned",
            "baseline": "ar"}
 LABELS = {"ar": "AR", "dflash": "DFlash", "ddtree": "DDTree", "domino": "Domino",
-          "dartree-fixed": "DARTree (fixed)", "dartree-pruned": "DARTree (pruned)"}
+          "dartree-fixed": "DARTree (fixed)", "dartree-pruned": "DARTree (pruned)",
+          "dspark": "DSpark", "dspark-fixed": "DSpark + DARTree (fixed)",
+          "dspark-pruned": "DSpark + DARTree (pruned)"}
 TREE_METHODS = ("ddtree", "dartree-fixed", "dartree-pruned")
 
 
@@ -62,6 +76,19 @@ def canonical(name: str) -> str:
     return name
 
 
+def uses_dspark_drafter(method: str) -> bool:
+    return canonical(method) in SAME_TREE_AS
+
+
+def check_dspark_drafter(method: str, drafter: str | Path) -> None:
+    """Refuse a non-DSpark checkpoint for a ``dspark*`` method (it would run another head)."""
+    layout = DrafterLayout.from_dir(drafter)
+    if not layout.is_dspark:
+        raise ValueError(f"method {method!r} needs a DSpark drafter (a Qwen3DSparkModel "
+                         f"checkpoint with a Markov head); {drafter} has head={layout.head!r}. "
+                         "Pass one with --dspark-drafter")
+
+
 def drafter_depths(drafter: str | Path) -> int:
     """Depths one drafter forward predicts: the block (shift layout) or block - 1."""
     return DrafterLayout.from_dir(drafter).num_depths
@@ -75,6 +102,9 @@ def speculative_config(method: str, drafter: str | Path | None, params: TreePara
         return None
     if drafter is None:
         raise ValueError(f"method {method!r} needs a drafter checkpoint")
+    if method in SAME_TREE_AS:
+        check_dspark_drafter(method, drafter)
+        method = SAME_TREE_AS[method]
     base: dict[str, Any] = {"method": "dartree", "model": str(drafter)}
     if method in ("dflash", "domino"):
         chain = depths or drafter_depths(drafter)

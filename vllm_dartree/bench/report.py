@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_dartree.bench.methods import LABELS, METHODS
+from vllm_dartree.bench.methods import LABELS, METHODS, uses_dspark_drafter
 
 DATASET_LABELS = {"gsm8k": "GSM8K", "math500": "MATH-500", "aime25": "AIME25",
                   "humaneval": "HumanEval", "mbpp": "MBPP", "mt-bench": "MT-Bench",
@@ -59,11 +59,23 @@ def render(results: dict[str, Any]) -> str:
 
 def _setup_line(meta: dict[str, Any]) -> str:
     tree = meta.get("tree_params", {})
-    return (f"Target `{meta.get('target', '?')}`, drafter `{meta.get('drafter', '?')}`; "
+    return (f"Target `{meta.get('target', '?')}`, {_drafters(meta)}; "
             f"B={tree.get('budget')}, K={tree.get('top_k')}, W={tree.get('width')}, "
             f"β={tree.get('depth_bonus')}; max_new_tokens={meta.get('max_new_tokens')}, "
             f"batch size {meta.get('batch_size')}, dtype {meta.get('dtype')}; "
             f"samples per dataset: {meta.get('num_samples')}; {_machine(meta)}.")
+
+
+def _drafters(meta: dict[str, Any]) -> str:
+    """The drafter checkpoints the run's methods used (the dspark* methods have their own)."""
+    methods = meta.get("methods") or []
+    dspark = [m for m in methods if uses_dspark_drafter(m)]
+    named = []
+    if not methods or len(dspark) < len([m for m in methods if m != "ar"]):
+        named.append(f"drafter `{meta.get('drafter', '?')}`")
+    if dspark:
+        named.append(f"DSpark drafter `{meta.get('dspark_drafter', '?')}`")
+    return ", ".join(named) or "no drafter"
 
 
 def _machine(meta: dict[str, Any]) -> str:

@@ -30,9 +30,16 @@ from vllm_dartree.bench.datasets import (
     load_dataset,
     random_id_samples,
 )
-from vllm_dartree.bench.methods import METHODS, TreeParams, canonical
+from vllm_dartree.bench.methods import (
+    DEFAULT_METHODS,
+    METHODS,
+    TreeParams,
+    canonical,
+    uses_dspark_drafter,
+)
 from vllm_dartree.env import project_root, shown_path
 from vllm_dartree.models.smollm2 import DRAFTER as DEFAULT_DRAFTER
+from vllm_dartree.models.smollm2 import DSPARK_DRAFTER as DEFAULT_DSPARK_DRAFTER
 
 DEFAULT_OUT = Path("benchmarks") / "results" / "latest"
 # Sized for the shared 2-core dev CPU (< 20 min for 6 methods x 7 datasets): verify steps on
@@ -46,7 +53,8 @@ QUICK = {"num_samples": 2, "max_new_tokens": 32, "temperatures": [0.0], "dtype":
 class BenchConfig:
     target: str
     drafter: str | None
-    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
+    dspark_drafter: str | None = None  # the drafter of the dspark* methods
     datasets: list[str] = field(default_factory=lambda: list(DATASETS))
     temperatures: list[float] = field(default_factory=lambda: [0.0])
     num_samples: int | None = None  # None: the references' counts
@@ -75,11 +83,17 @@ class BenchConfig:
             given["target"] = str(default_target())
         if given.get("drafter") is None:
             given["drafter"] = str(project_root() / DEFAULT_DRAFTER)
-        given["methods"] = [canonical(m) for m in given.get("methods", METHODS)]
+        if given.get("dspark_drafter") is None:
+            given["dspark_drafter"] = str(project_root() / DEFAULT_DSPARK_DRAFTER)
+        given["methods"] = [canonical(m) for m in given.get("methods", DEFAULT_METHODS)]
         given.setdefault("out", DEFAULT_OUT)
         if given["out"] in (DEFAULT_OUT, QUICK["out"]):  # defaults live in the checkout
             given["out"] = project_root() / given["out"]
         return cls(**given)
+
+    def drafter_of(self, method: str) -> str | None:
+        """The checkpoint ``method`` drafts with (the DSpark one for the dspark* methods)."""
+        return self.dspark_drafter if uses_dspark_drafter(method) else self.drafter
 
 
 def default_target() -> Path:
@@ -93,7 +107,14 @@ class DrafterMissing(SystemExit):
 
 
 def check_drafter(config: BenchConfig) -> None:
-    needs = [m for m in config.methods if m != "ar"]
+    dspark = [m for m in config.methods if uses_dspark_drafter(m)]
+    if dspark and not (Path(str(config.dspark_drafter)) / "config.json").exists():
+        raise DrafterMissing(
+            f"DSpark drafter checkpoint not found: {config.dspark_drafter} (no config.json) "
+            f"is needed by {', '.join(dspark)}. Train one with `vllm-dartree train-drafter "
+            f"--head markov --target {config.target} --out DIR` (the SmolLM2 one is "
+            f"{DEFAULT_DSPARK_DRAFTER}/) and pass --dspark-drafter DIR/drafter.")
+    needs = [m for m in config.methods if m != "ar" and not uses_dspark_drafter(m)]
     if needs and not (Path(str(config.drafter)) / "config.json").exists():
         raise DrafterMissing(
             f"drafter checkpoint not found: {config.drafter} (no config.json) is needed by "
@@ -198,7 +219,8 @@ def set_threads(threads: int | None) -> None:
 def _draft_slots(config: BenchConfig, method: str) -> int:
     from vllm_dartree.bench.methods import speculative_config
 
-    spec = speculative_config(method, config.drafter, config.tree) if method != "ar" else None
+    spec = (speculative_config(method, config.drafter_of(method), config.tree)
+            if method != "ar" else None)
     return 0 if spec is None else int(spec["num_speculative_tokens"])
 
 
@@ -210,7 +232,7 @@ def _run_method(config: BenchConfig, method: str, builder: Any,
     from vllm_dartree.bench.recorder import RoundRecorder
     from vllm_dartree.harness.engine import build_llm, shutdown_llm, spec_decode_counters
 
-    spec = speculative_config(method, config.drafter, config.tree)
+    spec = speculative_config(method, config.drafter_of(method), config.tree)
     results["meta"]["speculative_configs"][method] = spec and spec | {
         "model": shown_path(spec["model"])}
     llm = build_llm(**engine_args(config, max_len, spec, config.batch_size))
@@ -301,6 +323,8 @@ def meta(config: BenchConfig, samples: dict[str, list[Sample]], max_len: int) ->
     info = asdict(config)
     info.update(target=shown_path(config.target),
                 drafter=shown_path(config.drafter) if config.drafter else None,
+                dspark_drafter=shown_path(config.dspark_drafter) if config.dspark_drafter
+                else None,
                 out=shown_path(config.out),
                 data_dir=shown_path(config.data_dir or default_data_dir()),
                 tree_params=info.pop("tree"),
@@ -381,7 +405,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--target", help="target checkpoint (default: SmolLM2-135M-Instruct, built "
                    "offline by vllm_dartree.models.smollm2)")
     p.add_argument("--drafter", help=f"drafter checkpoint (default: {DEFAULT_DRAFTER})")
-    p.add_argument("--methods", nargs="+", help=f"default: all of {' '.join(METHODS)}")
+    p.add_argument("--dspark-drafter", help="DSpark (Markov head) drafter of the dspark* "
+                   f"methods (default: {DEFAULT_DSPARK_DRAFTER})")
+    p.add_argument("--methods", nargs="+", help=f"default: {' '.join(DEFAULT_METHODS)}; also "
+                   f"{' '.join(m for m in METHODS if m not in DEFAULT_METHODS)}")
     p.add_argument("--datasets", nargs="+", help=f"default: {' '.join(DATASETS)}; also "
                    "'random' (token-id prompts for targets without a tokenizer)")
     p.add_argument("--num-samples", type=int, help="per dataset (default: the references' "

@@ -75,7 +75,7 @@ def measure(base: str, prompts: list[list[int]], concurrency: int, config: Any) 
 
 def run_method(config: Any, method: str, prompts: list[list[int]], max_len: int,
                has_tokenizer: bool) -> list[dict[str, Any]]:
-    spec = speculative_config(method, config.drafter, config.tree)
+    spec = speculative_config(method, config.drafter_of(method), config.tree)
     args = server_args(config, max_len, max(config.concurrency), spec, has_tokenizer)
     with running_server(config.target, *args, served_name=SERVED_NAME,
                         log_name=f"bench_serve_{method}.log") as base:

@@ -28,6 +28,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", nargs="+", type=int, help="round indices (default: first 3)")
     p.add_argument("--target", help="--prompt mode: target checkpoint (default: SmolLM2)")
     p.add_argument("--drafter", help="--prompt mode: drafter checkpoint")
+    p.add_argument("--dspark-drafter", help="--prompt mode: drafter of the dspark* methods")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--out", type=Path, help="output folder (default: beside the results, "
                    "or benchmarks/results/viz)")
@@ -58,7 +59,8 @@ def _prompt_results(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
 
     out = args.out or project_root() / "benchmarks" / "results" / "viz"
     config = BenchConfig.from_options(
-        target=args.target, drafter=args.drafter, methods=args.methods or list(TREE_METHODS),
+        target=args.target, drafter=args.drafter, dspark_drafter=args.dspark_drafter,
+        methods=args.methods or list(TREE_METHODS),
         datasets=["prompt"], temperatures=[args.temperature or 0.0],
         max_new_tokens=args.max_new_tokens, out=out, save_trees=10_000, write=False)
     samples = {"prompt": [Sample("prompt", 0, (args.prompt,))]}

@@ -30,6 +30,8 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 NAME = "smollm2-135m-instruct"
 # The drafter trained for this target and committed with the project (relative to its root).
 DRAFTER = Path("benchmarks") / "drafters" / "smollm2-135m-domino"
+# ... and its DSpark-format drafter (Markov head), trained by the same recipe (--head markov).
+DSPARK_DRAFTER = Path("benchmarks") / "drafters" / "smollm2-135m-dspark"
 MARKER = "converted.json"  # written last: its presence means the checkpoint is complete
 FORMAT_VERSION = 2
 

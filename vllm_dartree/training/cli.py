@@ -1,8 +1,11 @@
-"""``vllm-dartree train-drafter``: train a DFlash + Domino drafter on a target's own outputs.
+"""``vllm-dartree train-drafter``: train a DFlash drafter + correction head on a target's outputs.
 
-Example (a tiny target, random token prompts)::
+The head is Domino's (``--head domino``, the default) or DSpark's Markov head (``--head
+markov``: written in DSpark's ``Qwen3DSparkModel`` format). Example (a tiny target, random
+token prompts)::
 
     vllm-dartree train-drafter --target DIR --out runs/d1 --steps 400 --target-layer-ids 0 1
+    vllm-dartree train-drafter --target DIR --out runs/d2 --head markov --block-size 8
 
 ``--prompts FILE`` takes JSON lines (a string, or an object with ``prompt``/``text`` for text
 or ``ids``/``prompt_token_ids`` for token ids) or plain text, one prompt per line; text goes
@@ -16,6 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
+from vllm_dartree.training.model import TRAINABLE_HEADS
 from vllm_dartree.training.train import DTYPES, TrainConfig
 
 
@@ -27,8 +31,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--layers", type=int, default=1, help="drafter decoder layers")
-    p.add_argument("--gru-hidden-dim", type=int, default=64)
-    p.add_argument("--emb-dim", type=int, default=32)
+    p.add_argument("--head", choices=TRAINABLE_HEADS, default=TrainConfig.head,
+                   help="correction head: Domino's GRU head or DSpark's Markov head")
+    p.add_argument("--gru-hidden-dim", type=int, default=64, help="Domino head")
+    p.add_argument("--emb-dim", type=int, default=32, help="Domino head")
+    p.add_argument("--markov-rank", type=int, default=TrainConfig.markov_rank,
+                   help="Markov head: rank r of markov_w1 / markov_w2")
+    p.add_argument("--confidence-head", action="store_true",
+                   help="Markov head: also train DSpark's confidence head")
+    p.add_argument("--confidence-weight", type=float, default=TrainConfig.confidence_weight,
+                   help="weight of the confidence head's BCE in the loss")
     p.add_argument("--intermediate-size", type=int, default=None)
     p.add_argument("--target-layer-ids", type=int, nargs="+", default=None,
                    help="0-based target layers whose outputs feed the drafter")
@@ -90,7 +102,9 @@ def read_prompts(path: Path) -> list[str | list[int]]:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         target=args.target, out=args.out, steps=args.steps, block_size=args.block_size,
-        layers=args.layers, gru_hidden_dim=args.gru_hidden_dim, emb_dim=args.emb_dim,
+        layers=args.layers, head=args.head, gru_hidden_dim=args.gru_hidden_dim,
+        emb_dim=args.emb_dim, markov_rank=args.markov_rank,
+        confidence_head=args.confidence_head, confidence_weight=args.confidence_weight,
         intermediate_size=args.intermediate_size,
         target_layer_ids=tuple(args.target_layer_ids) if args.target_layer_ids else None,
         mask_token_id=args.mask_token_id, lr=args.lr, min_lr_ratio=args.min_lr_ratio,

@@ -4,8 +4,9 @@ Loss (reference: :func:`drafter_loss`, which takes the materialised logits):
 
     (1 - lam) * CE(h W^T + u P^T, y) + lam * CE(h W^T, y)    (weighted means over slots)
 
-with ``h`` the drafter's final hidden states, ``W`` the target's frozen lm_head, ``u`` the
-Domino head's projection input (``embed_proj.1`` output) and ``P`` = ``embed_proj.2.weight``.
+with ``h`` the drafter's final hidden states, ``W`` the target's frozen lm_head and the head
+bias ``u P^T``: Domino's projection input (``embed_proj.1`` output) and ``embed_proj.2.weight``,
+or DSpark's Markov embedding of the previous token (``markov_w1[x]``) and ``markov_w2``.
 
 Why fused: two [rows, 49k] logit tensors per step are hundreds of MB, and on a CPU the
 softmax, its backward, the dtype copies and the zero-fills over them cost more than the
@@ -73,6 +74,7 @@ class _FusedBlockCE(torch.autograd.Function):
         d_proj = torch.zeros(proj.shape, dtype=torch.float32, device=hidden.device)
         # weighted CE sums (corrected, base) and the count of correct argmaxes
         sums = torch.zeros(3, dtype=torch.float32, device=hidden.device)
+        hits = torch.empty(hidden.shape[0], dtype=torch.bool, device=hidden.device)
         for lo in range(0, hidden.shape[0], chunk):
             rows = slice(lo, lo + chunk)
             h, u = hidden[rows].to(mm), head_in[rows].to(mm)
@@ -80,7 +82,8 @@ class _FusedBlockCE(torch.autograd.Function):
             w = weights[rows]
             base = (h @ lm_head.T).float()
             corr = base + (u @ proj_mm.T).float()
-            sums[2] += (corr.argmax(-1) == labels[rows]).float().sum()
+            hits[rows] = corr.argmax(-1) == labels[rows]
+            sums[2] += hits[rows].float().sum()
             sums[0] += (w * _ce_and_grad(corr, y)).sum()
             sums[1] += (w * _ce_and_grad(base, y)).sum()
             g_corr = corr.mul_(((1 - lam) * w).unsqueeze(1))
@@ -93,11 +96,11 @@ class _FusedBlockCE(torch.autograd.Function):
         ctx.save_for_backward(d_hidden, d_head, d_proj)
         ctx.dtypes = hidden.dtype, head_in.dtype, proj.dtype
         stats = sums.clone()
-        ctx.mark_non_differentiable(stats)
-        return (1 - lam) * sums[0] + lam * sums[1], stats
+        ctx.mark_non_differentiable(stats, hits)
+        return (1 - lam) * sums[0] + lam * sums[1], stats, hits
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_stats):
+    def backward(ctx, grad_loss, _grad_stats, _grad_hits):
         d_hidden, d_head, d_proj = ctx.saved_tensors
         h_dtype, u_dtype, p_dtype = ctx.dtypes
         return ((d_hidden * grad_loss).to(h_dtype), (d_head * grad_loss).to(u_dtype), None,
@@ -117,11 +120,31 @@ def fused_drafter_loss(
     """hidden [..., bs, H], head_in [..., bs, E], labels [..., bs], weight_per_slot [bs];
     lm_head [V, H] (frozen; its dtype is the matmul dtype), proj [V, E]. Returns the loss and
     the progress-bar stats of ``drafter_loss`` (ce, ce_base, acc)."""
+    loss, stats, _ = fused_drafter_loss_and_hits(hidden, head_in, lm_head, proj, labels,
+                                                 weight_per_slot, lam, chunk)
+    return loss, stats
+
+
+def fused_drafter_loss_and_hits(
+    hidden: torch.Tensor, head_in: torch.Tensor, lm_head: torch.Tensor, proj: torch.Tensor,
+    labels: torch.Tensor, weight_per_slot: torch.Tensor, lam: float, chunk: int = CHUNK_ROWS,
+) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    """:func:`fused_drafter_loss`, plus the [..., bs] mask of slots whose corrected argmax is
+    the label (the confidence head's target)."""
     valid = labels != IGNORE_INDEX
     weights = (weight_per_slot.expand(labels.shape) * valid).flatten().float()
     norm = weights.sum().clamp(min=1e-9)
-    loss, sums = _FusedBlockCE.apply(
+    loss, sums, hits = _FusedBlockCE.apply(
         hidden.flatten(0, -2), head_in.flatten(0, -2), lm_head, proj, labels.flatten(),
         weights / norm, float(lam), chunk)
     ce, ce_base, correct = sums.tolist()
-    return loss, {"ce": ce, "ce_base": ce_base, "acc": correct / max(1, int(valid.sum()))}
+    stats = {"ce": ce, "ce_base": ce_base, "acc": correct / max(1, int(valid.sum()))}
+    return loss, stats, hits.view(labels.shape)
+
+
+def confidence_loss(logits: torch.Tensor, hits: torch.Tensor,
+                    labels: torch.Tensor) -> torch.Tensor:
+    """Mean BCE of the confidence logits [..., bs] against ``hits`` over labelled slots: under
+    teacher forcing a hit is "accepted, given every earlier slot was"."""
+    valid = labels != IGNORE_INDEX
+    return F.binary_cross_entropy_with_logits(logits[valid].float(), hits[valid].float())

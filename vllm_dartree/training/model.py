@@ -1,4 +1,5 @@
-"""The DFlash drafter with a Domino head, in pure torch, computing what vLLM computes.
+"""The DFlash drafter with a causal correction head (Domino's or DSpark's Markov head), in
+pure torch, computing what vLLM computes.
 
 Ground truth is vLLM's ``qwen3_dflash.py`` (``DFlashQwen3Model``) plus our
 ``integration/proposer.py`` (``_draft_block``) and ``tree/correction.py`` (``DominoHead``):
@@ -13,7 +14,15 @@ Ground truth is vLLM's ``qwen3_dflash.py`` (``DFlashQwen3Model``) plus our
 - pre-norm Qwen3 layers, final ``norm``, logits with the target's ``lm_head``;
 - shift layout: slot j predicts ``x_{p+j+1}``; for j >= ``pure_draft_prefix_len`` the Domino
   head adds ``SiLU(proj0 . [z_j ; s_j]) . proj2^T`` with ``s_j`` the GRU state after the
-  target embeddings of ``x_p .. x_{p+j}`` (teacher forcing; nn.GRU, no bias, zero state).
+  target embeddings of ``x_p .. x_{p+j}`` (teacher forcing; nn.GRU, no bias, zero state);
+- or, for a DSpark layout (``qwen3_dspark.py``, ``tree/markov.py``), every slot j adds the
+  Markov bias ``logit_scale * markov_w2 . markov_w1[x_{p+j}]``: slot 0's previous token is
+  the anchor x_p; an optional ``confidence_head.proj`` reads ``[z_j (; markov_w1[x_{p+j}])]``
+  and predicts whether slot j's corrected argmax is the target's token.
+
+Both heads' biases are ``u_j . P^T`` for a per-slot vector u_j and a [V, *] matrix P (Domino:
+``SiLU(proj0 . [z_j ; s_j])`` and ``embed_proj.2``; Markov: ``markov_w1[x_{p+j}]`` and
+``markov_w2``), which is what the fused loss takes.
 
 Parameter names equal the released checkpoint names, so ``state_dict()`` is the export.
 """
@@ -27,16 +36,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm_dartree.checkpoint import DOMINO, DrafterLayout
+from vllm_dartree.checkpoint import DOMINO, MARKOV, DrafterLayout
 from vllm_dartree.tree.correction import DominoHead
+from vllm_dartree.tree.markov import MarkovHead
 
 IGNORE_INDEX = -100
+TRAINABLE_HEADS = (DOMINO, MARKOV)
 
 
 def check_trainable(arch: DrafterLayout) -> None:
-    if not (arch.head == DOMINO and arch.shift_label):
-        raise ValueError("the trainer builds Domino drafters (a correction head and the "
-                         f"shift layout); got head={arch.head!r}, shift_label={arch.shift_label}")
+    if not (arch.head in TRAINABLE_HEADS and arch.shift_label):
+        raise ValueError("the trainer builds drafters with a Domino or Markov (DSpark) "
+                         f"correction head in the shift layout; got head={arch.head!r}, "
+                         f"shift_label={arch.shift_label}")
+    if arch.has_reduced_vocab:
+        raise ValueError("the trainer shares the target's lm_head: a reduced draft vocabulary "
+                         f"(draft_vocab_size = {arch.draft_vocab_size}) is not trainable")
 
 
 # ------------------------------------------------------------------------------ blocks
@@ -153,10 +168,23 @@ class DrafterOutput:
     hidden: torch.Tensor  # [N, A, bs, H] after the final norm (z_j)
     base_logits: torch.Tensor  # [N, A, bs, V]
     corrected_logits: torch.Tensor | None  # [N, A, bs, V] base + head bias (teacher forced)
+    confidence_logits: torch.Tensor | None = None  # [N, A, bs] (DSpark's confidence head)
 
 
-class DominoDrafter(nn.Module):
-    """DFlash backbone + Domino head; the target's embedding and lm_head are frozen buffers."""
+class MarkovModules(nn.Module):
+    """DSpark's Markov head under its checkpoint names (``markov_head.``): ``markov_w1`` (an
+    embedding [V, r]) and ``markov_w2`` (r -> V, weight [V, r])."""
+
+    def __init__(self, arch: DrafterLayout) -> None:
+        super().__init__()
+        rank = arch.markov_rank
+        self.markov_w1 = nn.Embedding(arch.vocab_size, rank)
+        self.markov_w2 = nn.Linear(rank, arch.vocab_size, bias=False)
+
+
+class BlockDrafter(nn.Module):
+    """DFlash backbone + a correction head (Domino or Markov); the target's embedding and
+    lm_head are frozen buffers."""
 
     def __init__(self, arch: DrafterLayout, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
         super().__init__()
@@ -172,12 +200,19 @@ class DominoDrafter(nn.Module):
         self.hidden_norm = RMSNorm(hidden, arch.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(arch) for _ in range(arch.num_hidden_layers))
         self.norm = RMSNorm(hidden, arch.rms_norm_eps)
-        self.prefix_gru = nn.GRU(hidden, state, num_layers=1, bias=False, batch_first=True)
-        self.embed_proj = nn.Sequential(
-            nn.Linear(hidden + state, arch.emb_dim, bias=False),
-            nn.SiLU(),
-            nn.Linear(arch.emb_dim, arch.vocab_size, bias=False),
-        )
+        if arch.head == DOMINO:
+            self.prefix_gru = nn.GRU(hidden, state, num_layers=1, bias=False, batch_first=True)
+            self.embed_proj = nn.Sequential(
+                nn.Linear(hidden + state, arch.emb_dim, bias=False),
+                nn.SiLU(),
+                nn.Linear(arch.emb_dim, arch.vocab_size, bias=False),
+            )
+        else:
+            self.markov_head = MarkovModules(arch)
+            if arch.confidence_head:
+                inputs = hidden + (arch.markov_rank if arch.confidence_head_with_markov else 0)
+                self.confidence_head = nn.Module()
+                self.confidence_head.proj = nn.Linear(inputs, 1, bias=True)
         # Not parameters and not in state_dict: the released drafters ship neither.
         self.register_buffer("embed", embed.detach().clone(), persistent=False)
         self.register_buffer("lm_head", lm_head.detach().clone(), persistent=False)
@@ -188,19 +223,45 @@ class DominoDrafter(nn.Module):
     def reset_parameters(self, generator: torch.Generator) -> None:
         """Seeded init: fan-in scaled projections, residual outputs and the head bias small."""
         for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
+            if name.endswith("norm.weight") or name == "confidence_head.proj.bias":
+                param.fill_(1.0 if name.endswith("norm.weight") else 0.0)
                 continue
             fan_in = param.shape[1]
             std = fan_in ** -0.5
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 std /= math.sqrt(2 * max(1, self.arch.num_hidden_layers))
-            if name == "embed_proj.2.weight":
+            if name == "markov_head.markov_w1.weight":
+                std = 1.0  # an embedding: unit rows, so markov_w2 sets the bias scale
+            if name in self.head_output_names():
                 std *= 0.1  # start with corrected ~= base
             param.copy_(torch.randn(param.shape, generator=generator) * std)
 
     def head_parameters(self) -> list[nn.Parameter]:
-        return [*self.prefix_gru.parameters(), *self.embed_proj.parameters()]
+        if self.arch.head == DOMINO:
+            return [*self.prefix_gru.parameters(), *self.embed_proj.parameters()]
+        return [p for name, p in self.named_parameters()
+                if name.startswith(("markov_head.", "confidence_head."))]
+
+    @staticmethod
+    def head_output_names() -> tuple[str, ...]:
+        """The [V, *] matrices P of the head bias u . P^T (one per head kind)."""
+        return ("embed_proj.2.weight", "markov_head.markov_w2.weight")
+
+    @property
+    def head_output_weight(self) -> torch.Tensor:
+        """P of the head bias u . P^T: [V, E] (Domino) or [V, r] (Markov)."""
+        if self.arch.head == DOMINO:
+            return self.embed_proj[2].weight
+        return self.markov_head.markov_w2.weight
+
+    def correction_head(self) -> DominoHead | MarkovHead:
+        """The tree core's head on these weights (shares storage)."""
+        return self.domino_head() if self.arch.head == DOMINO else self.markov_tree_head()
+
+    def markov_tree_head(self) -> MarkovHead:
+        return MarkovHead(markov_w1=self.markov_head.markov_w1.weight,
+                          markov_w2=self.markov_head.markov_w2.weight,
+                          scale=self.arch.logit_scale)
 
     def domino_head(self) -> DominoHead:
         """The same weights as the inference-time :class:`DominoHead` (shares storage)."""
@@ -254,15 +315,19 @@ class DominoDrafter(nn.Module):
         same_block = (block_of.unsqueeze(1) == block_of.unsqueeze(0)).expand(n, -1, -1)
         return torch.cat([sees_ctx, same_block], dim=-1)
 
+    def previous_tokens(self, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """[N, A, bs]: x_{p+j}, the token before the one slot j predicts (slot 0: the anchor);
+        teacher forcing."""
+        n, num_anchors = anchors.shape
+        index = anchors.unsqueeze(-1) + torch.arange(self.arch.block_size, device=tokens.device)
+        index = index.clamp(max=tokens.shape[1] - 1)  # slots past the end carry no label
+        return tokens.gather(1, index.view(n, -1)).view(n, num_anchors, -1)
+
     def prefix_states(self, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
         """GRU states s_j after x_p .. x_{p+j} (teacher forcing): [N, A, bs, G]."""
-        n, num_anchors = anchors.shape
-        bs = self.arch.block_size
-        index = (anchors.unsqueeze(-1) + torch.arange(bs, device=tokens.device))
-        index = index.clamp(max=tokens.shape[1] - 1)  # slots past the end carry no label
-        prev = tokens.gather(1, index.view(n, -1)).view(n * num_anchors, bs)
-        states, _ = self.prefix_gru(self.embed[prev])
-        return states.view(n, num_anchors, bs, -1)
+        prev = self.previous_tokens(tokens, anchors)
+        states, _ = self.prefix_gru(self.embed[prev.flatten(0, 1)])
+        return states.view(*prev.shape, -1)
 
     def output_table(self, device_type: str) -> torch.Tensor:
         """The frozen lm_head, cast once to the autocast dtype (not on every call)."""
@@ -274,7 +339,29 @@ class DominoDrafter(nn.Module):
             self._cast_lm_head = self.lm_head.to(dtype)
         return self._cast_lm_head
 
-    def head_input(self, hidden: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    def head_input(self, hidden: torch.Tensor, tokens: torch.Tensor,
+                   anchors: torch.Tensor) -> torch.Tensor:
+        """u of the head bias u . P^T (see :attr:`head_output_weight`): [N, A, bs, E] for
+        Domino, [N, A, bs, r] for Markov (scaled by logit_scale)."""
+        if self.arch.head == DOMINO:
+            return self.domino_head_input(hidden, self.prefix_states(tokens, anchors))
+        return self.arch.logit_scale * self.markov_embedding(tokens, anchors)
+
+    def markov_embedding(self, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """[N, A, bs, r]: markov_w1 of each slot's previous token."""
+        return self.markov_head.markov_w1(self.previous_tokens(tokens, anchors))
+
+    def confidence_logits(self, hidden: torch.Tensor, tokens: torch.Tensor,
+                          anchors: torch.Tensor) -> torch.Tensor | None:
+        """[N, A, bs] logits of DSpark's confidence head (None without one)."""
+        if not (self.arch.head == MARKOV and self.arch.confidence_head):
+            return None
+        inputs = hidden
+        if self.arch.confidence_head_with_markov:
+            inputs = torch.cat([hidden, self.markov_embedding(tokens, anchors)], dim=-1)
+        return self.confidence_head.proj(inputs).squeeze(-1)
+
+    def domino_head_input(self, hidden: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
         """[N, A, bs, E] input of ``embed_proj.2`` (bias-free, so a zero row is a zero bias);
         zero on the pure-draft prefix slots."""
         u = self.embed_proj[1](self.embed_proj[0](torch.cat([hidden, states], dim=-1)))
@@ -284,9 +371,10 @@ class DominoDrafter(nn.Module):
             u = u * keep.view(1, 1, -1, 1).to(u.dtype)
         return u
 
-    def head_bias(self, hidden: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary bias [N, A, bs, V]; zero on the pure-draft prefix slots."""
-        return self.embed_proj[2](self.head_input(hidden, states))
+    def head_bias(self, hidden: torch.Tensor, tokens: torch.Tensor,
+                  anchors: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary bias [N, A, bs, V] (Domino: zero on the pure-draft prefix slots)."""
+        return self.head_input(hidden, tokens, anchors) @ self.head_output_weight.T
 
     def forward(
         self,
@@ -300,8 +388,12 @@ class DominoDrafter(nn.Module):
         base = hidden @ self.output_table(hidden.device.type).T
         corrected = None
         if with_head:
-            corrected = base + self.head_bias(hidden, self.prefix_states(tokens, anchors))
-        return DrafterOutput(hidden, base, corrected)
+            corrected = base + self.head_bias(hidden, tokens, anchors)
+        return DrafterOutput(hidden, base, corrected,
+                             self.confidence_logits(hidden, tokens, anchors))
+
+
+DominoDrafter = BlockDrafter  # its name before it took the Markov head too
 
 
 def block_labels(

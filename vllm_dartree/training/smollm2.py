@@ -1,4 +1,4 @@
-"""One-command recipe: a DFlash + Domino drafter for SmolLM2-135M-Instruct, on CPU.
+"""One-command recipe: a DFlash drafter (Domino or DSpark Markov head) for SmolLM2-135M-Instruct.
 
 ``python -m vllm_dartree.training.smollm2`` runs every stage, each resumable:
 
@@ -12,7 +12,7 @@
 4. ``eval``: pure-torch acceptance proxy on held-out training-split prompts.
 
 Everything lives under ``.cache/training/smollm2/`` (``--out``); ``--export-to DIR`` copies
-the finished drafter (released Domino format) there.
+the finished drafter (released Domino format; DSpark's with ``--head markov``) there.
 """
 
 from __future__ import annotations
@@ -61,8 +61,11 @@ class RecipeConfig:
     # drafter (sizes keep the bf16 export under 40 MB: ~15.8 M parameters)
     layers: int = 2
     intermediate_size: int = 1536
-    gru_hidden_dim: int = 256
-    emb_dim: int = 128
+    head: str = "domino"  # or "markov" (DSpark)
+    gru_hidden_dim: int = 256  # Domino
+    emb_dim: int = 128  # Domino
+    markov_rank: int = 64  # Markov: 2 x 49k x 64 bf16 = 12.6 MB of the 40 MB
+    confidence_head: bool = False  # Markov: DSpark's confidence head
     target_layer_ids: tuple[int, ...] = (1, 8, 15, 22, 28)
     block_size: int = 16
     # optimisation
@@ -272,8 +275,9 @@ def train_config(cfg: RecipeConfig, model: Path):
 
     return TrainConfig(
         target=str(model), out=str(train_dir(cfg)), steps=cfg.steps,
-        block_size=cfg.block_size, layers=cfg.layers, gru_hidden_dim=cfg.gru_hidden_dim,
-        emb_dim=cfg.emb_dim, intermediate_size=cfg.intermediate_size,
+        block_size=cfg.block_size, layers=cfg.layers, head=cfg.head,
+        gru_hidden_dim=cfg.gru_hidden_dim, emb_dim=cfg.emb_dim, markov_rank=cfg.markov_rank,
+        confidence_head=cfg.confidence_head, intermediate_size=cfg.intermediate_size,
         target_layer_ids=tuple(cfg.target_layer_ids), lr=cfg.lr,
         warmup_steps=cfg.warmup_steps, lambda0=cfg.lambda0, loss_gamma=cfg.loss_gamma,
         batch_size=cfg.batch_size, anchors_per_sequence=cfg.anchors_per_sequence,
@@ -414,6 +418,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[RecipeConfig, list[st
         if isinstance(value, tuple):
             parser.add_argument(flag, type=lambda s: tuple(int(x) for x in s.split(",")),
                                 default=value)
+        elif isinstance(value, bool):
+            parser.add_argument(flag, action="store_true", default=value)
         elif name == "max_minutes":
             parser.add_argument(flag, type=float, default=value)
         else:

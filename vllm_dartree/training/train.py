@@ -1,10 +1,15 @@
-"""Train a DFlash + Domino drafter on the target's own continuations; export it for vLLM.
+"""Train a DFlash drafter with a Domino or DSpark Markov head on the target's own
+continuations; export it for vLLM.
 
 Loss per the Domino recipe: ``(1 - lam) * CE(corrected) + lam * CE(base)`` with ``lam``
 decaying linearly from ``lambda0`` to 0 over the run; AdamW, warmup then cosine (or linear)
-decay, gradient clipping. Every batch is a pure function of ``(seed, step)``, so a resumed run
-continues exactly where the interrupted one stopped (``out/checkpoint.pt`` holds model,
-optimizer and step). The export (``out/drafter``) is the released Domino format.
+decay, gradient clipping (the same for both heads; a DSpark confidence head adds a BCE term
+on the detached backbone states, so it does not steer the drafter's hidden states; the Markov
+embedding it also reads is shared and gets the BCE's gradient). Every batch is a pure
+function of ``(seed, step)``, so a resumed run continues exactly where the interrupted one
+stopped (``out/checkpoint.pt`` holds model, optimizer and step). The export (``out/drafter``)
+is the released format of its head (Domino's, or DSpark's ``Qwen3DSparkModel``), written
+through ``DrafterLayout``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from vllm_dartree.checkpoint import DrafterLayout
+from vllm_dartree.checkpoint import DOMINO, MARKOV, DrafterLayout
 from vllm_dartree.training.data import (
     SequenceSet,
     generate_responses,
@@ -32,10 +37,15 @@ from vllm_dartree.training.data import (
     target_config,
     target_features,
 )
-from vllm_dartree.training.loss import fused_drafter_loss, slot_weights
+from vllm_dartree.training.loss import (
+    confidence_loss,
+    fused_drafter_loss_and_hits,
+    slot_weights,
+)
 from vllm_dartree.training.model import (
     IGNORE_INDEX,
-    DominoDrafter,
+    TRAINABLE_HEADS,
+    BlockDrafter,
     DrafterOutput,
     block_labels,
 )
@@ -43,7 +53,7 @@ from vllm_dartree.training.model import (
 CHECKPOINT = "checkpoint.pt"
 DATA = "data.pt"
 EXPORT = "drafter"
-HEAD_PREFIXES = ("prefix_gru.", "embed_proj.")
+HEAD_PREFIXES = ("prefix_gru.", "embed_proj.", "markov_head.", "confidence_head.")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -54,8 +64,12 @@ class TrainConfig:
     steps: int = 1000
     block_size: int = 16
     layers: int = 1
-    gru_hidden_dim: int = 64
-    emb_dim: int = 32
+    head: str = DOMINO  # or MARKOV (DSpark)
+    gru_hidden_dim: int = 64  # Domino
+    emb_dim: int = 32  # Domino
+    markov_rank: int = 64  # Markov: r of markov_w1 [V, r] / markov_w2 [V, r]
+    confidence_head: bool = False  # Markov: DSpark's per-slot acceptance head
+    confidence_weight: float = 0.1  # its BCE's weight in the loss
     intermediate_size: int | None = None  # default: the target's
     target_layer_ids: tuple[int, ...] | None = None  # default: default_target_layer_ids
     mask_token_id: int | None = None  # default: vocab_size - 1
@@ -94,8 +108,8 @@ class TrainConfig:
 
     def arch_fields(self) -> dict:
         return {k: getattr(self, k) for k in (
-            "block_size", "layers", "gru_hidden_dim", "emb_dim", "intermediate_size",
-            "target_layer_ids", "mask_token_id")}
+            "block_size", "layers", "head", "gru_hidden_dim", "emb_dim", "markov_rank",
+            "confidence_head", "intermediate_size", "target_layer_ids", "mask_token_id")}
 
 
 @dataclass
@@ -122,6 +136,20 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> t
 NEW_DRAFTER_PURE_PREFIX = 1
 
 
+def head_fields(cfg: TrainConfig) -> dict:
+    """The layout fields of the new drafter's correction head."""
+    if cfg.head == DOMINO:
+        return {"head": DOMINO, "gru_hidden_dim": cfg.gru_hidden_dim, "emb_dim": cfg.emb_dim,
+                "pure_draft_prefix_len": NEW_DRAFTER_PURE_PREFIX}
+    if cfg.head == MARKOV:
+        # DSpark corrects every slot (slot 0 from the anchor) and, as released, feeds its
+        # confidence head the Markov embedding.
+        return {"head": MARKOV, "markov_rank": cfg.markov_rank,
+                "confidence_head": cfg.confidence_head,
+                "confidence_head_with_markov": cfg.confidence_head}
+    raise ValueError(f"head={cfg.head!r}: allowed {list(TRAINABLE_HEADS)}")
+
+
 def arch_for_target(cfg: TrainConfig, config: dict) -> DrafterLayout:
     """A new drafter's shapes from the target's config.json and the training settings."""
     config = config.get("text_config", config)
@@ -143,13 +171,10 @@ def arch_for_target(cfg: TrainConfig, config: dict) -> DrafterLayout:
                        else cfg.mask_token_id),
         block_size=cfg.block_size,
         shift_label=True,
-        head="domino",
-        gru_hidden_dim=cfg.gru_hidden_dim,
-        emb_dim=cfg.emb_dim,
-        pure_draft_prefix_len=NEW_DRAFTER_PURE_PREFIX,
         rms_norm_eps=config.get("rms_norm_eps", DrafterLayout.rms_norm_eps),
         rope_theta=float(config.get("rope_theta", rope.get("rope_theta", 10000.0))),
         max_position_embeddings=config.get("max_position_embeddings", 2048),
+        **head_fields(cfg),
     )
 
 
@@ -161,7 +186,7 @@ def target_tables(target) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ------------------------------------------------------------------------ checkpoints
-def export_drafter(model: DominoDrafter, out_dir: str | Path, dtype: str = "float32") -> Path:
+def export_drafter(model: BlockDrafter, out_dir: str | Path, dtype: str = "float32") -> Path:
     """``config.json`` + ``model.safetensors`` under the released checkpoint names."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -174,23 +199,24 @@ def export_drafter(model: DominoDrafter, out_dir: str | Path, dtype: str = "floa
 
 def load_drafter(drafter_dir: str | Path, embed: torch.Tensor, lm_head: torch.Tensor,
                  generator: torch.Generator | None = None,
-                 new_head: tuple[int, int] | None = None) -> DominoDrafter:
-    """A drafter from a checkpoint. A z-lab DFlash one (no head) gets a fresh head of
-    ``new_head`` = (GRU size, projection size) and is retrained to the shift layout."""
+                 new_head: dict | None = None) -> BlockDrafter:
+    """A drafter from a checkpoint. A z-lab DFlash one (no head) gets a fresh head with the
+    layout fields ``new_head`` (see :func:`head_fields`) and is retrained to the shift
+    layout."""
     drafter_dir = Path(drafter_dir)
     layout = DrafterLayout.from_dir(drafter_dir)
     if not layout.has_head:
         if new_head is None:
-            raise ValueError(f"{drafter_dir} has no Domino head: give the new head's sizes")
-        layout = replace(layout, head="domino", shift_label=True,
-                         gru_hidden_dim=new_head[0], emb_dim=new_head[1])
-    model = DominoDrafter(layout, embed, lm_head)
+            raise ValueError(f"{drafter_dir} has no correction head: give the new head's "
+                             "layout fields")
+        layout = replace(layout, shift_label=True, **new_head)
+    model = BlockDrafter(layout, embed, lm_head)
     model.reset_parameters(generator or torch.Generator().manual_seed(0))
     load_weights(model, load_file(str(drafter_dir / "model.safetensors")))
     return model
 
 
-def load_weights(model: DominoDrafter, weights: dict[str, torch.Tensor]) -> None:
+def load_weights(model: BlockDrafter, weights: dict[str, torch.Tensor]) -> None:
     """Copy checkpoint tensors in; the backbone must be complete, the head may be absent."""
     weights = {k.removeprefix("logit_head."): v for k, v in weights.items()}
     own = model.state_dict()
@@ -218,7 +244,7 @@ def schedule_of(cfg: TrainConfig) -> dict:
     return {name: getattr(cfg, name) for name in SCHEDULE_FIELDS}
 
 
-def save_checkpoint(path: Path, model: DominoDrafter, optimizer: torch.optim.Optimizer,
+def save_checkpoint(path: Path, model: BlockDrafter, optimizer: torch.optim.Optimizer,
                     step: int, losses: list[float], schedule: dict) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -243,15 +269,22 @@ def lambda_at(cfg: TrainConfig, step: int) -> float:
 
 
 # ------------------------------------------------------------------------------- loss
-def fused_step_loss(model: DominoDrafter, features: torch.Tensor, tokens: torch.Tensor,
+def fused_step_loss(model: BlockDrafter, features: torch.Tensor, tokens: torch.Tensor,
                     anchors: torch.Tensor, labels: torch.Tensor, lam: float,
-                    gamma: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                    gamma: float | None = None, confidence_weight: float = 0.1,
+                    ) -> tuple[torch.Tensor, dict[str, float]]:
     """``drafter_loss(model(...), ...)`` without materialising the logits (see loss.py)."""
     hidden = model.backbone(features, tokens, anchors)
-    head_in = model.head_input(hidden, model.prefix_states(tokens, anchors))
-    return fused_drafter_loss(
-        hidden, head_in, model.output_table(hidden.device.type), model.embed_proj[2].weight,
+    head_in = model.head_input(hidden, tokens, anchors)
+    loss, stats, hits = fused_drafter_loss_and_hits(
+        hidden, head_in, model.output_table(hidden.device.type), model.head_output_weight,
         labels, slot_weights(labels.shape[-1], gamma, labels.device), lam)
+    # The confidence head calibrates: the backbone's states reach it detached.
+    confidence = model.confidence_logits(hidden.detach(), tokens, anchors)
+    if confidence is None:
+        return loss, stats
+    bce = confidence_loss(confidence, hits, labels)
+    return loss + confidence_weight * bce, stats | {"bce": bce.item()}
 
 
 # ------------------------------------------------------------------------------- data
@@ -344,7 +377,7 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def build_model(cfg: TrainConfig, target) -> DominoDrafter:
+def build_model(cfg: TrainConfig, target) -> BlockDrafter:
     embed, lm_head = target_tables(target)
     gen = torch.Generator().manual_seed(cfg.seed)
     if cfg.init_from:
@@ -354,9 +387,9 @@ def build_model(cfg: TrainConfig, target) -> DominoDrafter:
             raise ValueError(f"--freeze-backbone needs a shift-layout (Domino) drafter; "
                              f"{cfg.init_from} has dflash_config.shift_label = {shift}")
         model = load_drafter(cfg.init_from, embed, lm_head, gen,
-                             new_head=(cfg.gru_hidden_dim, cfg.emb_dim))
+                             new_head=head_fields(cfg))
     else:
-        model = DominoDrafter(arch_for_target(cfg, target_config(cfg.target)), embed, lm_head)
+        model = BlockDrafter(arch_for_target(cfg, target_config(cfg.target)), embed, lm_head)
         model.reset_parameters(gen)
     if cfg.freeze_backbone:
         model.requires_grad_(False)
@@ -408,7 +441,7 @@ def setting_changes(saved: dict, now: dict, where: str) -> str:
                      if saved.get(k) != v)
 
 
-def resume_from(path: Path, model: DominoDrafter, optimizer: torch.optim.Optimizer,
+def resume_from(path: Path, model: BlockDrafter, optimizer: torch.optim.Optimizer,
                 schedule: dict) -> tuple[int, list[float]]:
     state = torch.load(path, weights_only=False)
     arch = state["arch"] | {"target_layer_ids": tuple(state["arch"]["target_layer_ids"])}
@@ -435,7 +468,7 @@ def check_autocast(autocast: str, device: str) -> None:
                          "AMX); this one has none: use autocast='float32'")
 
 
-def train_step(cfg: TrainConfig, model: DominoDrafter, optimizer: torch.optim.Optimizer,
+def train_step(cfg: TrainConfig, model: BlockDrafter, optimizer: torch.optim.Optimizer,
                batches: Batches, step: int) -> tuple[float, dict[str, float]]:
     features, tokens, anchors, labels = (t.to(cfg.device) for t in batches.get(step))
     for group in optimizer.param_groups:
@@ -444,7 +477,8 @@ def train_step(cfg: TrainConfig, model: DominoDrafter, optimizer: torch.optim.Op
     with torch.autocast(torch.device(cfg.device).type, dtype=DTYPES[cfg.autocast],
                         enabled=cfg.autocast != "float32"):
         loss, stats = fused_step_loss(model, features, tokens, anchors, labels,
-                                      lambda_at(cfg, step), cfg.loss_gamma)
+                                      lambda_at(cfg, step), cfg.loss_gamma,
+                                      cfg.confidence_weight)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(
@@ -472,7 +506,7 @@ class AcceptanceReport:
 
 @torch.no_grad()
 def simulate_acceptance(
-    model: DominoDrafter,
+    model: BlockDrafter,
     target,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int = 64,
@@ -494,10 +528,7 @@ def simulate_acceptance(
     device = model.embed.device
     bs = model.arch.block_size
     seqs = generate_responses(target, prompts, max_new_tokens + bs + 1, stop_at_eos=False)
-    head = model.domino_head()
-    head = replace(head, **{k: getattr(head, k).detach().cpu()
-                            for k in ("embed", "gru_ih", "gru_hh", "proj0", "proj2")})
-    head = head.with_input_gate_table()
+    head = detached_head(model)
     per_variant: dict[str, list[int]] = {v: [] for v in variants}
     hits = torch.zeros(2, bs)
     count = torch.zeros(bs)
@@ -528,6 +559,18 @@ def simulate_acceptance(
         base_top1=rates[0], corrected_top1=rates[1],
         rounds=len(per_variant[variants[0]]) if variants else 0,
     )
+
+
+def detached_head(model: BlockDrafter):
+    """The tree core's head on CPU copies of the weights (Domino: with its input-gate table)."""
+    if model.arch.head == MARKOV:
+        head = model.markov_tree_head()
+        return replace(head, markov_w1=head.markov_w1.detach().cpu(),
+                       markov_w2=head.markov_w2.detach().cpu())
+    head = model.domino_head()
+    head = replace(head, **{k: getattr(head, k).detach().cpu()
+                            for k in ("embed", "gru_ih", "gru_hh", "proj0", "proj2")})
+    return head.with_input_gate_table()
 
 
 def decode_rounds(accepted_at: list[int], max_new_tokens: int) -> list[int]:

@@ -1,0 +1,96 @@
+"""The benchmark's methods: DSpark's chain and DARTree over DSpark's Markov head.
+
+Each ``dspark*`` method is the Domino-drafter method of the same tree run on the DSpark
+drafter (``--dspark-drafter``); a checkpoint without a Markov head is refused for them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_dartree.bench.methods import (
+    DEFAULT_METHODS,
+    DSPARK_METHODS,
+    SAME_TREE_AS,
+    TreeParams,
+    speculative_config,
+)
+from vllm_dartree.bench.run import BenchConfig, DrafterMissing, check_drafter, config_from_args
+from vllm_dartree.bench.run import parser as bench_parser
+
+PARAMS = TreeParams(budget=16, top_k=8, width=4, depth_bonus=-0.2)
+
+
+@pytest.mark.parametrize("method", DSPARK_METHODS)
+def test_a_dspark_method_is_the_same_tree_on_the_dspark_drafter(method, tiny_dspark):
+    spec = speculative_config(method, tiny_dspark, PARAMS)
+    assert spec == speculative_config(SAME_TREE_AS[method], tiny_dspark, PARAMS)
+    assert spec["model"] == str(tiny_dspark) and spec["correction"] is True
+
+
+def test_the_dspark_chain_drafts_one_node_per_block_slot(tiny_dspark):
+    spec = speculative_config("dspark", tiny_dspark, PARAMS)
+    assert (spec["tree"], spec["num_speculative_tokens"]) == ("chain", 7)  # block 7, anchor-first
+
+
+@pytest.mark.parametrize("method", DSPARK_METHODS)
+def test_a_dspark_method_refuses_a_drafter_without_a_markov_head(method, tiny_domino):
+    with pytest.raises(ValueError, match="needs a DSpark drafter.*head='domino'"):
+        speculative_config(method, tiny_domino, PARAMS)
+
+
+def test_each_method_gets_its_drafter(tmp_path):
+    args = bench_parser().parse_args(["--target", str(tmp_path), "--drafter", "d",
+                                      "--dspark-drafter", "s", "--methods", "ar", "dspark",
+                                      "dspark-pruned", "pruned"])
+    config = config_from_args(args)
+    assert config.methods == ["ar", "dspark", "dspark-pruned", "dartree-pruned"]
+    assert [config.drafter_of(m) for m in config.methods] == ["d", "s", "s", "d"]
+
+
+def test_default_methods_leave_the_dspark_ones_out(tmp_path):
+    config = BenchConfig.from_options(target=str(tmp_path))
+    assert config.methods == list(DEFAULT_METHODS)
+    assert config.dspark_drafter.endswith("benchmarks/drafters/smollm2-135m-dspark")
+
+
+def test_a_missing_dspark_drafter_is_named(tmp_path, tiny_domino):
+    config = BenchConfig.from_options(target=str(tmp_path), drafter=str(tiny_domino),
+                                      dspark_drafter=str(tmp_path / "none"),
+                                      methods=["ar", "pruned", "dspark-pruned"])
+    with pytest.raises(DrafterMissing, match="DSpark drafter checkpoint not found.*"
+                       "dspark-pruned"):
+        check_drafter(config)
+
+
+@pytest.mark.e2e
+def test_dspark_methods_are_lossless_in_a_bench_run(engines, trained_tiny_dspark, tmp_path):
+    """Every DSpark method on a drafter from ``train-drafter --head markov`` (so vLLM's engine
+    loads the training output): outputs identical to AR, and the trees accept more than one
+    token per round."""
+    from vllm_dartree.bench import metrics
+    from vllm_dartree.bench.run import run_benchmark
+
+    engines.close()  # the harness builds its own engines, one at a time
+    target, drafter = trained_tiny_dspark
+    config = BenchConfig(target=str(target), drafter=None, dspark_drafter=str(drafter),
+                         methods=["ar", "dspark", "dspark-pruned", "dspark-fixed"],
+                         datasets=["random"], num_samples=2, max_new_tokens=16, ignore_eos=True,
+                         out=tmp_path, kv_cache_mib=64, dtype="float32", progress=False,
+                         tree=PARAMS, save_trees=0, write=False)
+    results = run_benchmark(config)
+    assert results["mismatches"] == []
+    by_method = {m: [r for r in results["runs"] if r["method"] == m] for m in config.methods}
+    assert all(by_method.values())
+    assert metrics.tau_micro(by_method["dspark-pruned"]) > 1.0
+
+
+def test_the_report_names_the_drafters_the_methods_used():
+    from vllm_dartree.bench.report import _drafters
+
+    meta = {"drafter": "d", "dspark_drafter": "s"}
+    assert _drafters(meta | {"methods": ["ar", "dspark", "dspark-pruned"]}) == \
+        "DSpark drafter `s`"
+    assert _drafters(meta | {"methods": ["ar", "domino", "dspark"]}) == \
+        "drafter `d`, DSpark drafter `s`"
+    assert _drafters(meta | {"methods": ["ar", "dartree-pruned"]}) == "drafter `d`"
