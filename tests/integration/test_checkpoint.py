@@ -16,14 +16,19 @@ VOCAB, MASK, IDS = 151936, 151669, [1, 9, 17, 25, 33]
 SIZES = {"Qwen3-8B": (4096, 12288), "Qwen3-4B": (2560, 9728)}  # hidden, MLP width
 
 
-def zlab_dflash(hidden: int, intermediate: int) -> dict:
-    """z-lab/Qwen3-*-DFlash-b16 as its config.json reads (speculators' converter fixture)."""
-    return {"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+def qwen3_drafter(architecture: str, hidden: int, intermediate: int) -> dict:
+    """The Qwen3 fields every released Qwen3 drafter config carries (a 5-layer drafter)."""
+    return {"architectures": [architecture], "model_type": "qwen3",
             "vocab_size": VOCAB, "hidden_size": hidden, "intermediate_size": intermediate,
             "num_hidden_layers": 5, "num_attention_heads": 32, "num_key_value_heads": 8,
             "head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-6,
             "rope_theta": 1_000_000, "max_position_embeddings": 40960,
-            "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
+
+def zlab_dflash(hidden: int, intermediate: int) -> dict:
+    """z-lab/Qwen3-*-DFlash-b16 as its config.json reads (speculators' converter fixture)."""
+    return qwen3_drafter("DFlashDraftModel", hidden, intermediate) | {
             "block_size": 16, "num_target_layers": 36,
             "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
             "dflash_config": {"mask_token_id": MASK, "target_layer_ids": IDS}}
@@ -120,12 +125,7 @@ def test_a_drafter_that_does_not_fit_its_target_is_refused(sizes, message):
 def dspark(hidden: int, intermediate: int, **changes) -> dict:
     """deepseek-ai/dspark_qwen3_*_block7 as DeepSpec's build_draft_config writes it: a copy
     of the target's Qwen3 config with the DSpark keys at the top level."""
-    return {"architectures": ["Qwen3DSparkModel"], "model_type": "qwen3",
-            "vocab_size": VOCAB, "hidden_size": hidden, "intermediate_size": intermediate,
-            "num_hidden_layers": 5, "num_attention_heads": 32, "num_key_value_heads": 8,
-            "head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-6,
-            "rope_theta": 1_000_000, "max_position_embeddings": 40960,
-            "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    return qwen3_drafter("Qwen3DSparkModel", hidden, intermediate) | {
             "num_target_layers": 36, "block_size": 7, "layer_types": ["full_attention"] * 5,
             "mask_token_id": MASK, "target_layer_ids": IDS, "num_anchors": 512,
             "enable_confidence_head": True, "confidence_head_with_markov": True,

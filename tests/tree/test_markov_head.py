@@ -17,7 +17,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_tree_build import check_invariants, expected_count, node_paths
+from test_tree_build import (
+    assert_batched_equals_per_request,
+    check_invariants,
+    expected_count,
+    node_paths,
+)
 
 from vllm_dartree.tree import CorrectionHead, MarkovHead, build_tree
 from vllm_dartree.tree.graphs import CorrectionGraphs
@@ -178,14 +183,8 @@ def test_fixed_matches_reference_and_is_prefix_closed(seed, depths, vocab, top_k
 def test_batched_equals_per_request(variant):
     head, base_draft, d2t, root, hidden = make_case(5, 3, 7, 40, draft_vocab=33)
     base = to_target_vocab(base_draft, d2t, 40)
-    kwargs = dict(budget=16, top_k=8, width=4, depth_bonus=-0.2)
-    batched = build_tree(variant, base, hidden, root, head, **kwargs)
-    for r in range(3):
-        single = build_tree(variant, base[r : r + 1], hidden[r : r + 1], root[r : r + 1], head,
-                            **kwargs)
-        for name in ("tokens", "parents", "depths", "valid", "num_nodes"):
-            assert torch.equal(getattr(batched, name)[r], getattr(single, name)[0]), name
-        torch.testing.assert_close(batched.scores[r], single.scores[0])
+    assert_batched_equals_per_request(variant, base, hidden, root, head, budget=16, top_k=8,
+                                      width=4, depth_bonus=-0.2)
 
 
 @pytest.mark.parametrize("variant", ["chain", "fixed", "pruned"])

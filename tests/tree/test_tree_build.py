@@ -350,9 +350,14 @@ def test_ddtree_large_vocab_uses_threshold_topk():
 @pytest.mark.parametrize("variant", ["chain", "ddtree", "fixed", "pruned"])
 def test_batched_equals_per_request(variant):
     base, hidden, root, head = make_inputs(11, 3, 6, 40)
-    kwargs = dict(budget=16, top_k=8, width=4)
+    assert_batched_equals_per_request(variant, base, hidden, root, head,
+                                      budget=16, top_k=8, width=4)
+
+
+def assert_batched_equals_per_request(variant, base, hidden, root, head, **kwargs) -> None:
+    """Building every request's tree in one batch gives each request's own tree."""
     batched = build_tree(variant, base, hidden, root, head, **kwargs)
-    for r in range(3):
+    for r in range(base.shape[0]):
         single = build_tree(variant, base[r : r + 1], hidden[r : r + 1], root[r : r + 1], head,
                             **kwargs)
         for name in ("tokens", "parents", "depths", "valid", "num_nodes"):
