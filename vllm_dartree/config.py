@@ -3,7 +3,13 @@
 Users pass it as vLLM's speculative config::
 
     {"method": "dartree", "model": DRAFTER, "num_speculative_tokens": 64,
-     "tree": "pruned", "width": 12, "top_k": 64, "depth_bonus": -0.2, "correction": true}
+     "tree": "pruned", "width": 12, "top_k": 64, "depth_bonus": -0.2, "correction": true,
+     "budget_policy": "fixed"}
+
+``budget_policy: "adaptive"`` makes ``num_speculative_tokens`` an upper bound per request:
+each step verifies only the nodes a cost model says pay for themselves, down to none
+(``vllm_dartree.tree.budget``). It needs vLLM's synchronous scheduler (variable draft
+counts per request); an engine left to choose gets it, ``async_scheduling=True`` is refused.
 
 Validation runs before any model is loaded. Every error names the key, the value given and
 what is allowed. Settings that need the drafter checkpoint (vocabulary size, whether it has
@@ -24,6 +30,7 @@ from pydantic import (
 )
 
 TreeVariant = Literal["pruned", "fixed", "ddtree", "chain"]
+BudgetPolicy = Literal["fixed", "adaptive"]
 
 # vLLM's own speculative keys that keep their vLLM meaning under dartree.
 VLLM_PASSTHROUGH_KEYS = frozenset(
@@ -75,6 +82,7 @@ class DARTreeConfig(BaseModel):
     top_k: int = 64
     depth_bonus: float = -0.2
     correction: bool | None = None
+    budget_policy: BudgetPolicy = "fixed"
     vllm_options: dict[str, Any] = {}
     _machine_defaults: frozenset[str] = PrivateAttr(default=frozenset())
 
@@ -84,8 +92,13 @@ class DARTreeConfig(BaseModel):
 
     @property
     def budget(self) -> int:
-        """B: draft nodes verified per step (vLLM's num_speculative_tokens)."""
+        """B: draft nodes per tree (vLLM's num_speculative_tokens); with the adaptive
+        policy the most a request verifies in a step."""
         return self.num_speculative_tokens
+
+    @property
+    def adaptive(self) -> bool:
+        return self.budget_policy == "adaptive"
 
     @field_validator("model")
     @classmethod

@@ -26,6 +26,7 @@ PARSE_ERRORS = [
     (BASE | {"width": 80, "num_speculative_tokens": 32}, r"'width' = 80 exceeds 'num_speculative_tokens' = 32"),
     (BASE | {"beam": 3}, r"key 'beam' \(value 3\) is not supported .* allowed keys: "),
     (BASE | {"width": "wide"}, r"'width' = 'wide' is invalid: .*valid integer"),
+    (BASE | {"budget_policy": "auto"}, r"'budget_policy' = 'auto' is invalid: .*'fixed' or 'adaptive'"),
 ]
 
 

@@ -111,6 +111,16 @@ def test_disable_padded_drafter_batch_is_refused(tmp_path, tiny_domino):
             speculative={"disable_padded_drafter_batch": True})
 
 
+def test_the_adaptive_budget_schedules_synchronously(tmp_path, tiny_domino):
+    model = config_only_target(tmp_path, "adaptive")
+    adaptive = {"budget_policy": "adaptive"}
+    refused(r"'async_scheduling' = True cannot run .*'budget_policy' = 'adaptive'", model,
+            tiny_domino, speculative=adaptive, async_scheduling=True)
+    config = engine_config(model, tiny_domino, speculative=adaptive)
+    assert config.scheduler_config.async_scheduling is False
+    assert config.speculative_config.dartree.adaptive
+
+
 def test_settings_that_need_the_v2_runner_are_refused(tmp_path, tiny_domino, monkeypatch):
     model = config_only_target(tmp_path, "v2")
     refused(r"'watermark_config' is set", model, tiny_domino,

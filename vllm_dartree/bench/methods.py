@@ -10,7 +10,13 @@ dartree-pruned     DARTree supertree of width W pruned to the top-B by score + b
 dspark             DSpark's chain: the DSpark drafter's argmax per depth, Markov-corrected
 dspark-fixed       DARTree (fixed) over the DSpark drafter's Markov head
 dspark-pruned      DARTree (pruned) over the DSpark drafter's Markov head
+dartree-adaptive   DARTree (pruned) of B nodes per request at most, verified as far as the
+                   adaptive budget finds it pays (``budget_policy: adaptive``)
 =================  ==============================================================
+
+A tree method may carry its own B and W after a colon, e.g. ``dartree-pruned:b64w12`` or
+``dartree-adaptive:b64``, so one run can compare several sizes (the run's ``--budget`` and
+``--width`` apply otherwise).
 
 Chains verify one node per drafter depth (the block, not B), as DFlash/Domino do. The
 ``dspark*`` methods run the DSpark-format drafter (``BenchConfig.dspark_drafter``); the others
@@ -19,7 +25,8 @@ the DFlash/Domino one. Runs without a method list take the first six (``DEFAULT_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +39,15 @@ DEFAULT_METHODS: tuple[str, ...] = ("ar", "dflash", "ddtree", "domino", "dartree
 SAME_TREE_AS = {"dspark": "domino", "dspark-fixed": "dartree-fixed",
                 "dspark-pruned": "dartree-pruned"}
 DSPARK_METHODS: tuple[str, ...] = tuple(SAME_TREE_AS)
-METHODS: tuple[str, ...] = DEFAULT_METHODS + DSPARK_METHODS
+METHODS: tuple[str, ...] = DEFAULT_METHODS + DSPARK_METHODS + ("dartree-adaptive",)
 ALIASES = {"fixed": "dartree-fixed", "pruned": "dartree-pruned", "dartree": "dartree-pruned",
-           "baseline": "ar"}
+           "baseline": "ar", "adaptive": "dartree-adaptive"}
 LABELS = {"ar": "AR", "dflash": "DFlash", "ddtree": "DDTree", "domino": "Domino",
           "dartree-fixed": "DARTree (fixed)", "dartree-pruned": "DARTree (pruned)",
           "dspark": "DSpark", "dspark-fixed": "DSpark + DARTree (fixed)",
-          "dspark-pruned": "DSpark + DARTree (pruned)"}
+          "dspark-pruned": "DSpark + DARTree (pruned)", "dartree-adaptive": "DARTree (adaptive)"}
 TREE_METHODS = ("ddtree", "dartree-fixed", "dartree-pruned")
+SIZED = re.compile(r"^(?:b(?P<budget>\d+))?(?:w(?P<width>\d+))?$")
 
 
 def config_default(key: str) -> Any:
@@ -70,14 +78,48 @@ class TreeParams:
 
 
 def canonical(name: str) -> str:
-    name = ALIASES.get(name.lower(), name.lower())
-    if name not in METHODS:
+    """The method's name as results record it (aliases resolved, a size suffix checked)."""
+    base, _, size = name.lower().partition(":")
+    base = ALIASES.get(base, base)
+    if base not in METHODS:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
-    return name
+    if size:
+        sized = SIZED.match(size)
+        if base not in ("ddtree", "dartree-fixed", "dartree-pruned", "dartree-adaptive",
+                        "dspark-fixed", "dspark-pruned") or not sized:
+            raise ValueError(f"method {name!r}: a size suffix is 'bB', 'wW' or 'bBwW' (e.g. "
+                             f"'dartree-pruned:b64w12') on a tree method")
+        return f"{base}:{size}"
+    return base
+
+
+def base_method(method: str) -> str:
+    """The method without its size suffix."""
+    return canonical(method).partition(":")[0]
+
+
+def sized_params(method: str, params: TreeParams) -> TreeParams:
+    """``params`` with the method's own B and W (from its suffix) where it has them."""
+    size = canonical(method).partition(":")[2]
+    if not size:
+        return params
+    sized = SIZED.match(size)
+    changes = {k: int(v) for k, v in sized.groupdict().items() if v is not None}
+    return replace(params, **changes)
+
+
+def label(method: str) -> str:
+    """A method's name in tables and figures."""
+    base, _, size = canonical(method).partition(":")
+    text = LABELS.get(base, base)
+    if size:
+        sized = SIZED.match(size).groupdict()
+        text += " " + " ".join(f"{k[0].upper()}={v}" for k, v in sized.items() if v)
+    return text
 
 
 def uses_dspark_drafter(method: str) -> bool:
-    return canonical(method) in SAME_TREE_AS
+    return base_method(method) in SAME_TREE_AS
 
 
 def check_dspark_drafter(method: str, drafter: str | Path) -> None:
@@ -97,7 +139,8 @@ def drafter_depths(drafter: str | Path) -> int:
 def speculative_config(method: str, drafter: str | Path | None, params: TreeParams,
                        depths: int | None = None) -> dict[str, Any] | None:
     """vLLM's ``speculative_config`` for ``method`` (None for AR)."""
-    method = canonical(method)
+    params = sized_params(method, params)
+    method = base_method(method)
     if method == "ar":
         return None
     if drafter is None:
@@ -116,6 +159,9 @@ def speculative_config(method: str, drafter: str | Path | None, params: TreePara
     if method == "dartree-fixed":
         return base | {"tree": "fixed", "num_speculative_tokens": params.budget,
                        "top_k": params.top_k, "correction": True}
-    return base | {"tree": "pruned", "num_speculative_tokens": params.budget,
-                   "top_k": params.top_k, "width": min(params.width, params.budget),
-                   "depth_bonus": params.depth_bonus, "correction": True}
+    pruned = base | {"tree": "pruned", "num_speculative_tokens": params.budget,
+                     "top_k": params.top_k, "width": min(params.width, params.budget),
+                     "depth_bonus": params.depth_bonus, "correction": True}
+    if method == "dartree-adaptive":
+        return pruned | {"budget_policy": "adaptive"}
+    return pruned

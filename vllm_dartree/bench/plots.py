@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_dartree.bench import metrics
-from vllm_dartree.bench.methods import LABELS, METHODS
+from vllm_dartree.bench.methods import METHODS, label
 from vllm_dartree.bench.report import DATASET_LABELS
 
 Run = dict[str, Any]
@@ -69,7 +69,7 @@ def acceptance_figure(runs: list[Run], temperature: float, path: Path) -> Path |
             curve = metrics.survival(lengths)
             if curve:
                 ax.plot(range(1, len(curve) + 1), curve, marker="o", ms=3,
-                        label=LABELS.get(method, method))
+                        label=label(method))
         ax.set(title=name, xlabel="t (accepted length incl. bonus)", ylabel="Pr(L ≥ t)",
                ylim=(0, 1.02))
         ax.grid(alpha=0.3)
@@ -90,7 +90,7 @@ def depth_figure(runs: list[Run], temperature: float, path: Path) -> Path | None
         for i, method in enumerate(methods):
             profile = metrics.depth_profile([r for r in members if r["method"] == method])
             xs = [d + 1 + (i - (len(methods) - 1) / 2) * width for d in range(len(profile))]
-            ax.bar(xs, profile, width=width, label=LABELS.get(method, method))
+            ax.bar(xs, profile, width=width, label=label(method))
         ax.set(title=name, xlabel="node depth", ylabel="mean nodes per tree")
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=8)
@@ -105,8 +105,36 @@ def _save(plt, fig, path: Path) -> Path:
     return path
 
 
-def write_figures(runs: list[Run], out: Path) -> list[Path]:
+def concurrency_figure(rows: list[dict[str, Any]], path: Path) -> Path | None:
+    """Speedup over AR against concurrency, one line per method, one panel per dataset."""
+    rows = [r for r in rows if r.get("speedup") is not None]
+    if not rows:
+        return None
+    plt = pyplot()
+    datasets = sorted({r.get("dataset", "all") for r in rows})
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.6), squeeze=False)
+    for ax, dataset in zip(axes[0], datasets):
+        members = [r for r in rows if r.get("dataset", "all") == dataset]
+        for method in [m for m in METHODS if any(r["method"] == m for r in members)] + sorted(
+                {r["method"] for r in members} - set(METHODS)):
+            points = sorted((r["concurrency"], r["speedup"]) for r in members
+                            if r["method"] == method)
+            ax.plot(*zip(*points), marker="o", label=label(method))
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set(title=DATASET_LABELS.get(dataset, dataset), xlabel="concurrent requests",
+               ylabel="tokens/s over AR")
+        ax.legend(fontsize=7)
+    return _save(plt, fig, path)
+
+
+def write_figures(runs: list[Run], out: Path,
+                  concurrency: list[dict[str, Any]] | None = None) -> list[Path]:
     written = []
+    if concurrency:
+        path = concurrency_figure(concurrency, out / "concurrency.png")
+        if path is not None:
+            written.append(path)
     for temp in sorted({float(r["temperature"]) for r in runs}):
         members = [r for r in runs if float(r["temperature"]) == temp]
         tag = f"{temp:g}".replace(".", "p")

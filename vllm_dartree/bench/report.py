@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_dartree.bench.methods import LABELS, METHODS, uses_dspark_drafter
+from vllm_dartree.bench.methods import METHODS, label, uses_dspark_drafter
 
 DATASET_LABELS = {"gsm8k": "GSM8K", "math500": "MATH-500", "aime25": "AIME25",
                   "humaneval": "HumanEval", "mbpp": "MBPP", "mt-bench": "MT-Bench",
@@ -29,7 +29,7 @@ def _table(rows: list[dict[str, Any]], temperature: float, datasets: list[str],
                            for _, h, _, _ in fields]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for method in methods:
-        cells = [LABELS.get(method, method)]
+        cells = [label(method)]
         for dataset in datasets:
             row = index.get((dataset, method), {})
             cells += [_fmt(row.get(key), spec, suffix) for key, _, spec, suffix in fields]
@@ -102,21 +102,37 @@ def _lossless_lines(results: dict[str, Any]) -> list[str]:
 
 
 def _concurrency_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The paper's Table 4 per dataset: tokens/s and speedup over AR at each concurrency."""
     if not rows:
         return []
     levels = sorted({r["concurrency"] for r in rows})
     methods = _ordered({r["method"] for r in rows}, METHODS)
-    index = {(r["method"], r["concurrency"]): r for r in rows}
+    datasets = _ordered({r.get("dataset", "all") for r in rows}, tuple(DATASET_LABELS))
+    index = {(r["method"], r.get("dataset", "all"), r["concurrency"]): r for r in rows}
     header = ["Method"] + [f"C={c} tok/s (speedup)" for c in levels]
-    lines = ["## Concurrency: aggregate completion tokens/s (OpenAI server, loopback)", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for method in methods:
-        cells = [LABELS.get(method, method)]
-        for level in levels:
-            row = index.get((method, level), {})
-            cells.append(f"{_fmt(row.get('tokens_per_s'), '.1f')} "
-                         f"({_fmt(row.get('speedup'), '.2f', '×')})")
-        lines.append("| " + " | ".join(cells) + " |")
+    lines = ["## Concurrency: aggregate completion tokens/s (OpenAI server, loopback)", ""]
+    for dataset in datasets:
+        lines += [f"### {DATASET_LABELS.get(dataset, dataset)}", "",
+                  "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for method in methods:
+            cells = [label(method)]
+            for level in levels:
+                row = index.get((method, dataset, level), {})
+                cells.append(f"{_fmt(row.get('tokens_per_s'), '.1f')} "
+                             f"({_fmt(row.get('speedup'), '.2f', '×')})")
+            lines.append("| " + " | ".join(cells) + " |")
+        sizes = [m for m in methods if m.startswith("dartree-adaptive")]
+        for method in sizes:
+            chosen = [f"C={c}: {index[(method, dataset, c)]['drafts_per_step']:.1f}"
+                      for c in levels if (method, dataset, c) in index]
+            lines += ["", f"{label(method)}: draft nodes verified per request-step "
+                      f"({', '.join(chosen)})."]
+        lines.append("")
+    checked = [r for r in rows if r.get("mismatches") is not None and r["method"] != "ar"]
+    differ = sum(r["mismatches"] for r in checked)
+    if checked:
+        lines.append(f"Losslessness (T = 0): {differ} of {sum(r['requests'] for r in checked)} "
+                     "served completions differ from AR's.")
     return lines + [""]
 
 
@@ -155,11 +171,11 @@ def _profile_lines(results: dict[str, Any]) -> list[str]:
     methods = _ordered(set(table), METHODS)
     ar = [r["tpot_ms"] for r in results["summary"] if r["method"] == "ar"
           and r["dataset"] == "average" and r.get("tpot_ms")]
-    header = ["Phase"] + [f"{LABELS.get(m, m)} ms (share)" for m in methods]
+    header = ["Phase"] + [f"{label(m)} ms (share)" for m in methods]
     lines = ["## Where a round's time goes (median ms, share of the round)", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for phase, label in PHASE_LABELS.items():
-        cells = [label]
+    for phase, phase_label in PHASE_LABELS.items():
+        cells = [phase_label]
         for method in methods:
             row = table[method]
             share = row[phase] / row["round"] if row["round"] else 0.0

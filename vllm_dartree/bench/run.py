@@ -72,6 +72,7 @@ class BenchConfig:
     seed: int = 0
     threads: int | None = None  # torch/OpenMP threads of the engines (None: torch's default)
     profile: bool = False  # per-round phase times of every tree method (integration/profile.py)
+    serving_only: bool = False  # only the concurrency (OpenAI server) measurement
     write: bool = True
     progress: bool = True
 
@@ -188,7 +189,7 @@ def run_benchmark(config: BenchConfig,
                                "counters": [], "profile": [] if config.profile else None}
     started = time.perf_counter()
     with _progress(config, samples) as bar:
-        for method in config.methods:
+        for method in [] if config.serving_only else config.methods:
             _run_method(config, method, builder, samples, max_len, results, bar)
     if config.concurrency:
         from vllm_dartree.bench.serving import run_concurrency
@@ -389,7 +390,7 @@ def write_outputs(results: dict[str, Any], out: Path) -> list[Path]:
     written = [out / "results.json", out / "table.md"]
     written[0].write_text(json.dumps(results, separators=(",", ":")) + "\n")
     written[1].write_text(render(results))
-    written += write_figures(results["runs"], out)
+    written += write_figures(results["runs"], out, results.get("concurrency"))
     firsts = {}
     for run in results["runs"]:  # the first sample with kept trees, per method
         if run["turns"] and run["turns"][0].get("trees") and run["method"] not in firsts:
@@ -421,6 +422,8 @@ def parser() -> argparse.ArgumentParser:
                    "--quick: benchmarks/results/quick)")
     p.add_argument("--concurrency", nargs="+", type=int,
                    help="also serve each method over OpenAI and measure C concurrent clients")
+    p.add_argument("--serving-only", action="store_true", default=None,
+                   help="with --concurrency: only the OpenAI-server measurement")
     p.add_argument("--batch-size", type=int, help="requests in flight in the in-process run "
                    "(default 1: one at a time)")
     tree, cpu = TreeParams(), TreeParams.for_machine(on_cpu=True)
@@ -475,6 +478,8 @@ def _has_gpu() -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     config = config_from_args(parser().parse_args(argv))
+    if config.serving_only and not config.concurrency:
+        raise SystemExit("--serving-only needs --concurrency C [C ...]")
     results = run_benchmark(config)
     print((Path(config.out) / "table.md").read_text())
     if results.get("mismatches"):

@@ -1,10 +1,13 @@
 """Concurrency mode: one OpenAI server per method, C concurrent clients on loopback.
 
 Each method gets its own ``vllm-dartree serve`` process (same engine settings as the
-in-process run, ``--max-num-seqs`` = the largest C). For every C, ``max(2C, #prompts)``
-requests (first turns of the benchmark samples, chat template applied here and sent as
-token ids to ``/v1/completions``) are sent by C client threads; aggregate completion
-tokens/s = completion tokens / wall time, speedup = method tokens/s / AR tokens/s at that C.
+in-process run, ``--max-num-seqs`` = the largest C), used for every dataset and C. For every
+dataset and C, ``max(2C, #prompts)`` requests (first turns of that dataset's samples, chat
+template applied here and sent as token ids to ``/v1/completions``) are sent by C client
+threads; aggregate completion tokens/s = completion tokens / wall time, speedup = method
+tokens/s / AR tokens/s at that dataset and C (the paper's Table 4). At T = 0 every
+completion is compared with AR's for the same request (``mismatches``); ``drafts_per_step``
+is vLLM's draft tokens per verified request-step (the adaptive budget's chosen size).
 """
 
 from __future__ import annotations
@@ -53,10 +56,11 @@ def measure(base: str, prompts: list[list[int]], concurrency: int, config: Any) 
     count = max(2 * concurrency, len(prompts))
     bodies = [request_body(p, config, i) for i, p in enumerate(islice(cycle(prompts), count))]
 
-    def send(body: dict[str, Any]) -> tuple[int, float]:
+    def send(body: dict[str, Any]) -> tuple[int, float, str]:
         started = time.perf_counter()
         answer = http_json(base + "/v1/completions", body, timeout=3600)
-        return int(answer["usage"]["completion_tokens"]), time.perf_counter() - started
+        return (int(answer["usage"]["completion_tokens"]), time.perf_counter() - started,
+                answer["choices"][0]["text"])
 
     before = spec_counters(base)
     started = time.perf_counter()
@@ -64,35 +68,51 @@ def measure(base: str, prompts: list[list[int]], concurrency: int, config: Any) 
         done = list(pool.map(send, bodies))
     wall = time.perf_counter() - started
     after = spec_counters(base)
-    tokens = sum(n for n, _ in done)
+    tokens = sum(n for n, _, _ in done)
     drafts = after["num_drafts"] - before["num_drafts"]
     accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+    draft_tokens = after["num_draft_tokens"] - before["num_draft_tokens"]
     return {"concurrency": concurrency, "requests": count, "completion_tokens": tokens,
             "wall_s": round(wall, 3), "tokens_per_s": tokens / wall if wall else None,
-            "mean_latency_s": sum(t for _, t in done) / len(done),
-            "tau_vllm": 1 + accepted / drafts if drafts else None}
+            "mean_latency_s": sum(t for _, t, _ in done) / len(done),
+            "tau_vllm": 1 + accepted / drafts if drafts else None,
+            "drafts_per_step": draft_tokens / drafts if drafts else 0.0,
+            "texts": [text for _, _, text in done]}
 
 
-def run_method(config: Any, method: str, prompts: list[list[int]], max_len: int,
+def run_method(config: Any, method: str, prompts: dict[str, list[list[int]]], max_len: int,
                has_tokenizer: bool) -> list[dict[str, Any]]:
     spec = speculative_config(method, config.drafter_of(method), config.tree)
     args = server_args(config, max_len, max(config.concurrency), spec, has_tokenizer)
+    first = next(iter(prompts.values()))[0]
     with running_server(config.target, *args, served_name=SERVED_NAME,
-                        log_name=f"bench_serve_{method}.log") as base:
-        http_json(base + "/v1/completions", request_body(prompts[0], config, 0) | {
+                        log_name=f"bench_serve_{method.replace(':', '_')}.log") as base:
+        http_json(base + "/v1/completions", request_body(first, config, 0) | {
             "max_tokens": 4})  # warm-up
-        return [{"method": method} | measure(base, prompts, c, config)
-                for c in config.concurrency]
+        return [{"method": method, "dataset": dataset} | measure(base, group, c, config)
+                for dataset, group in prompts.items() for c in config.concurrency]
 
 
 def run_concurrency(config: Any, builder: Any, samples: dict[str, list[Sample]],
                     max_len: int) -> list[dict[str, Any]]:
-    prompts = [builder.turn_ids(s, []) for group in samples.values() for s in group]
+    prompts = {dataset: [builder.turn_ids(s, []) for s in group]
+               for dataset, group in samples.items() if group}
     rows = []
     for method in config.methods:
         rows += run_method(config, method, prompts, max_len, builder.tokenizer is not None)
-    ar = {r["concurrency"]: r["tokens_per_s"] for r in rows if r["method"] == "ar"}
-    for row in rows:
-        base = ar.get(row["concurrency"])
-        row["speedup"] = row["tokens_per_s"] / base if base and row["tokens_per_s"] else None
+    compare_with_ar(rows, greedy=config.temperatures[0] == 0)
     return rows
+
+
+def compare_with_ar(rows: list[dict[str, Any]], greedy: bool) -> None:
+    """Speedup over AR at the same dataset and C; at T = 0 the completions that differ from
+    AR's (``mismatches``, None without AR). The texts are dropped afterwards."""
+    ar = {(r["dataset"], r["concurrency"]): r for r in rows if r["method"] == "ar"}
+    for row in rows:
+        base = ar.get((row["dataset"], row["concurrency"]))
+        speed = base and base["tokens_per_s"]
+        row["speedup"] = row["tokens_per_s"] / speed if speed and row["tokens_per_s"] else None
+        row["mismatches"] = (None if base is None or not greedy else
+                             sum(a != b for a, b in zip(row["texts"], base["texts"])))
+    for row in rows:
+        row.pop("texts")

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vllm_dartree.bench.methods import LABELS
+from vllm_dartree.bench.methods import label as method_label
 from vllm_dartree.bench.plots import pyplot
 
 ACCEPTED = "#d62728"
@@ -130,7 +130,7 @@ def draw_runs(runs: list[dict[str, Any]], out: Path, rounds: list[int] | None = 
         for turn, k, tree in chosen:
             name = (f"tree_{run['method']}_{run['dataset']}{run['source_index']}"
                     f"_T{float(run['temperature']):g}_turn{turn}_round{k}.png")
-            title = (f"{LABELS.get(run['method'], run['method'])} · {run['dataset']} "
+            title = (f"{method_label(run['method'])} · {run['dataset']} "
                      f"#{run['source_index']} · turn {turn} · round {k}")
             written.append(draw_tree(tree, title, out / name))
     return written

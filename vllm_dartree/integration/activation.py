@@ -217,6 +217,7 @@ def build_dartree_speculative_config(engine_args, requested: dict, original,
     refuse_unsupported_setup(config, engine_args, target_model_config, parallel_config,
                              on_cuda=current_platform.is_cuda())
     select_tree_attention_backend(config, engine_args)
+    schedule_synchronously_if_adaptive(config, engine_args)
     activate()
     saved = {attr: getattr(engine_args, attr, None) for _, _, attr in SHORTCUT_FLAGS}
     saved_config = engine_args.speculative_config
@@ -240,9 +241,9 @@ def build_dartree_speculative_config(engine_args, requested: dict, original,
                            target_model_config, parallel_config)
     expose_target_layers(speculative.draft_model_config.hf_config, layout)
     object.__setattr__(speculative, SETTINGS_ATTR, config)
-    logger.info("vllm-dartree: tree=%s B=%d W=%d K=%d beta=%g drafter=%s", config.tree,
-                config.budget, config.width, config.top_k, config.effective_depth_bonus,
-                config.model)
+    logger.info("vllm-dartree: tree=%s B=%d W=%d K=%d beta=%g budget=%s drafter=%s",
+                config.tree, config.budget, config.width, config.top_k,
+                config.effective_depth_bonus, config.budget_policy, config.model)
     return speculative
 
 
@@ -261,6 +262,17 @@ def refuse_unverifiable_platform(config) -> None:
             f"CUDA only (platform: {current_platform.device_name}); use tree 'chain' here, or "
             "one of those backends"
         )
+
+
+def schedule_synchronously_if_adaptive(config, engine_args) -> None:
+    """The adaptive budget hands vLLM a draft count per request, which only its synchronous
+    scheduler takes (the asynchronous one schedules a fixed count of placeholder drafts).
+    An engine that left the choice to vLLM gets synchronous scheduling (an explicit
+    ``async_scheduling=True`` was refused before this)."""
+    if config.adaptive and getattr(engine_args, "async_scheduling", None) is None:
+        engine_args.async_scheduling = False
+        logger.info("vllm-dartree: budget_policy 'adaptive' schedules synchronously "
+                    "(async_scheduling=False)")
 
 
 def select_tree_attention_backend(config, engine_args) -> None:

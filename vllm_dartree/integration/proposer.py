@@ -17,15 +17,27 @@ from vllm.v1.spec_decode.dflash import DFlashProposer
 
 from vllm_dartree.checkpoint import DrafterLayout
 from vllm_dartree.config import DARTreeConfig
+from vllm_dartree.integration.budget_report import BudgetReport
 from vllm_dartree.integration.drafter_model import read_layout
 from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.step import TreeStep
 from vllm_dartree.integration.verify_plan import needs_chain_verification
 from vllm_dartree.tree import build_tree, depth_first
+from vllm_dartree.tree.budget import AdaptiveBudget
 from vllm_dartree.tree.build import capture_all_shapes
 from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size
 
 SETTINGS_ATTR = "dartree"  # attribute of vLLM's SpeculativeConfig holding DARTreeConfig
+
+
+def same_on_every_rank(decision: bool) -> bool:
+    """Rank 0's ``decision`` on every rank of the tensor-parallel group (itself at TP=1)."""
+    from vllm.distributed.parallel_state import get_tp_group
+
+    group = get_tp_group()
+    if group.world_size == 1:
+        return decision
+    return bool(group.broadcast_object(decision, src=0))
 
 
 def dartree_settings(vllm_config) -> DARTreeConfig | None:
@@ -62,6 +74,11 @@ class DARTreeProposer(DFlashProposer):
         self.tree_step: TreeStep | None = None  # the engine's step, set by runner.ProposerSwap
         self.head = None
         self.graphs: CorrectionGraphs | None = None
+        # The adaptive budget: the proposer asks it which nodes to hand over, the step tells
+        # it what each step cost and what was accepted.
+        self.budget_policy = (AdaptiveBudget(self.tree_depths, device)
+                              if self.settings.adaptive else None)
+        self.budget_report = BudgetReport(self.settings.width) if self.settings.adaptive else None
 
     def load_model(self, target_model) -> None:
         super().load_model(target_model)
@@ -98,6 +115,13 @@ class DARTreeProposer(DFlashProposer):
                 common_attn_metadata, sampling_metadata, mm_embed_inputs=None,
                 num_rejected_tokens_gpu=None, slot_mappings=None) -> torch.Tensor:
         target_hidden_states = self.tree_step.draft_context(target_hidden_states)
+        if not self._drafts_this_step(next_token_ids.shape[0]):
+            # Context only: the drafter still sees every committed token, no block is
+            # queried, and the next step verifies nothing (plain decoding).
+            self._draft_block(target_token_ids, target_positions, target_hidden_states,
+                              next_token_ids, common_attn_metadata, num_rejected_tokens_gpu,
+                              mask_slots=0)
+            return [[] for _ in range(next_token_ids.shape[0])]
         with StepProfile.phase("drafter_forward", self.device):
             depth_hidden = self._draft_block(
                 target_token_ids, target_positions, target_hidden_states, next_token_ids,
@@ -123,15 +147,34 @@ class DARTreeProposer(DFlashProposer):
                 top_k=self.top_k, width=settings.width,
                 depth_bonus=settings.effective_depth_bonus, graphs=self.graphs,
             )
-            if variant != "chain":  # verified depth-first: see tree.depth_first (chains are)
-                tree = depth_first(tree)
-        self.tree_step.hand_over(list(req_ids), tree, chains=variant == "chain")
-        return tree.tokens
+            if variant != "chain" and self.budget_policy is None:
+                tree = depth_first(tree)  # verified depth-first: see tree.depth_first
+        if self.budget_policy is None:
+            self.tree_step.hand_over(list(req_ids), tree, chains=variant == "chain")
+            return tree.tokens
+        choice = self.budget_policy.choose(tree)
+        self.budget_report.record(choice, self.budget_policy)
+        self.tree_step.hand_over(list(req_ids), choice.tree, chains=variant == "chain")
+        tokens = choice.tree.tokens.tolist()
+        return [row[:count] for row, count in zip(tokens, choice.counts)]
+
+    def _drafts_this_step(self, num_requests: int) -> bool:
+        """The adaptive budget's call (always True without it); every tensor-parallel rank
+        takes rank 0's, since the drafter's forward and logits run collectives."""
+        policy = self.budget_policy
+        if policy is None:
+            return True
+        drafting = same_on_every_rank(policy.should_draft())
+        policy.record_drafting(num_requests, drafting)
+        return drafting
 
     def _draft_block(self, target_token_ids, target_positions, target_hidden_states,
-                     next_token_ids, cad, num_rejected_tokens_gpu) -> torch.Tensor:
-        """One drafter forward over [root, mask x (block-1)]: hidden state per depth [R, D, H]."""
-        self.num_speculative_tokens = self.layout.block_size - 1  # mask slots per request
+                     next_token_ids, cad, num_rejected_tokens_gpu,
+                     mask_slots: int | None = None) -> torch.Tensor:
+        """One drafter forward over [root, mask x (block-1)]: hidden state per depth [R, D, H].
+        ``mask_slots=0`` queries the root only (the context still goes into the drafter)."""
+        self.num_speculative_tokens = (self.layout.block_size - 1 if mask_slots is None
+                                       else mask_slots)  # mask slots per request
         context = self.model.combine_hidden_states(target_hidden_states)
         num_tokens, _, draft_cad = self.set_inputs_first_pass(
             target_token_ids=target_token_ids, next_token_ids=next_token_ids,
@@ -147,7 +190,7 @@ class DARTreeProposer(DFlashProposer):
             slot_mapping=self._get_slot_mapping(slot_size, draft_cad.slot_mapping),
         ):
             out = self.model(**kwargs)
-        block = self.layout.block_size
+        block = 1 + self.num_speculative_tokens
         out = out[:num_tokens].view(-1, block, out.shape[-1])
         # Shift layout: slot j predicts position root+j+1 (16 depths for b16); non-shift
         # (z-lab): slot j >= 1 predicts its own position (15 depths).

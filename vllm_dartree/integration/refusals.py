@@ -83,6 +83,11 @@ def setup_problems(config: DARTreeConfig, engine_args: Any, model_config: Any,
         problems.append("speculative_config key 'disable_padded_drafter_batch' = True is not "
                         "supported: the drafter's context order assumes vLLM's padded drafter "
                         "batch (supported: false, the default)")
+    if config.adaptive and getattr(engine_args, "async_scheduling", None):
+        problems.append("engine key 'async_scheduling' = True cannot run speculative_config "
+                        "'budget_policy' = 'adaptive': per-request draft counts reach vLLM's "
+                        "scheduler only when it schedules synchronously (supported: "
+                        "async_scheduling unset or False, or budget_policy 'fixed')")
     problems += runner_problems(engine_args)
     return problems
 

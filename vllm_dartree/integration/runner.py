@@ -50,7 +50,8 @@ class ProposerSwap(VllmPatch):
                 return original(self, vllm_config, *args, **kwargs)
             with DFlashProposerGlobal.swapped(DARTreeProposer):
                 original(self, vllm_config, *args, **kwargs)
-            step = TreeStep(self.drafter.budget, self.device, TreeVerifier(), kv_mover(self))
+            step = TreeStep(self.drafter.budget, self.device, TreeVerifier(), kv_mover(self),
+                            budget_policy=self.drafter.budget_policy)
             setattr(self, STEP_ATTR, step)
             self.drafter.tree_step = step
 

@@ -25,6 +25,7 @@ plain arguments used here; this module imports no vLLM.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -44,6 +45,7 @@ from vllm_dartree.integration.verify_plan import (
     depth_position_values,
 )
 from vllm_dartree.tree import DraftTree
+from vllm_dartree.tree.budget import AdaptiveBudget
 
 KvMover = Callable[[AcceptedPaths, Any], None]
 
@@ -53,15 +55,19 @@ class TreeStep:
 
     ``move_kv(accepted, kv_caches)`` moves each accepted path's KV to consecutive slots in
     every target layer of ``kv_caches`` (what :meth:`target_forward` was given), in the
-    platform's page layout.
+    platform's page layout. ``budget_policy`` (the adaptive budget, or None) is told each
+    step's wall time (from one plan to the next) and each verified step's acceptance.
     """
 
     def __init__(self, budget: int, device: torch.device, verifier: TreeVerifier,
-                 move_kv: KvMover) -> None:
+                 move_kv: KvMover, budget_policy: AdaptiveBudget | None = None) -> None:
         self.budget = budget
         self.device = device
         self.verifier = verifier
         self.move_kv = move_kv
+        self.budget_policy = budget_policy
+        self._last_plan: tuple[float, int, int] | None = None  # (time, requests, rows)
+        self._proposed_in: int | None = None  # step of the proposal this step verifies
         self.step = 0  # steps planned so far
         self._proposal: Proposal | None = None  # trees for the next step's verify
         self._plan: VerifyPlan | None = None  # this step's verify layout
@@ -75,6 +81,7 @@ class TreeStep:
         """Lay out this step's tree verification; None when vLLM verifies it (no drafts, or
         a batch whose sampling reads the drafted prefix)."""
         StepProfile.new_round(self.device)
+        self._time_previous_step(len(req_ids), int(np.sum(num_scheduled[: len(req_ids)])))
         self.step += 1
         proposal, self._proposal = self._proposal, None
         self._plan = self._kv_caches = self._accepted = None
@@ -82,10 +89,21 @@ class TreeStep:
             return None
         if proposal is not None and proposal.step != self.step - 1:
             proposal = None  # proposed for a step that was never verified
+        self._proposed_in = None if proposal is None else proposal.step
         self._plan = build_plan(self.step, req_ids[: len(num_drafts)], num_drafts,
                                 num_scheduled, proposal, chain_drafts, self.budget,
                                 self.device)
         return self._plan
+
+    def _time_previous_step(self, requests: int, rows: int) -> None:
+        """Tell the budget policy what the previous step cost (its rows, requests, ms)."""
+        if self.budget_policy is None:
+            return
+        now = time.perf_counter()
+        if self._last_plan is not None:
+            started, last_requests, last_rows = self._last_plan
+            self.budget_policy.observe_step(last_requests, last_rows, (now - started) * 1e3)
+        self._last_plan = (now, requests, rows)
 
     # ---- phase 2: the target forward ----------------------------------------------------
     @contextmanager
@@ -119,6 +137,8 @@ class TreeStep:
             return None
         sampled, self._accepted = self.verifier.verify(
             plan, logits, sampling, max_spec_len, lambda paths: self.move_kv(paths, kv_caches))
+        if self.budget_policy is not None and plan.step - 1 == self._proposed_in:
+            self.budget_policy.observe_acceptance(plan.tree, self._accepted.num_accepted)
         return sampled
 
     # ---- phase 4: the drafter's next context --------------------------------------------

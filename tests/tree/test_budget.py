@@ -1,0 +1,255 @@
+"""The adaptive budget (tree/budget.py): acceptance, priority order, the allocation on
+hand-made cost curves and probabilities, the cost fit and the calibration arithmetic."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_dartree.tree import DominoHead, DraftTree, build_tree, truncate
+from vllm_dartree.tree.budget import (
+    AdaptiveBudget,
+    DepthCalibration,
+    StepCostModel,
+    best_node_count,
+    counts_of_top,
+    node_acceptance,
+    priority_order,
+)
+
+SETTINGS = settings(max_examples=30, deadline=None)
+
+
+def hand_tree(paths: list[tuple[int, float]], budget: int | None = None) -> DraftTree:
+    """One request: node j+1 = (parent, path probability); padded to ``budget``."""
+    budget = budget or len(paths)
+    parents, depths, scores = [], [], []
+    for parent, prob in paths:
+        parents.append(parent)
+        depths.append(1 if parent == 0 else depths[parent - 1] + 1)
+        scores.append(math.log(prob))
+    pad = budget - len(paths)
+    return DraftTree(
+        tokens=torch.arange(budget).view(1, -1),
+        parents=torch.tensor([parents + [0] * pad]),
+        depths=torch.tensor([depths + [1] * pad]),
+        num_nodes=torch.tensor([len(paths)]),
+        valid=torch.tensor([[True] * len(paths) + [False] * pad]),
+        scores=torch.tensor([scores + [0.0] * pad]),
+        max_depth=max(depths),
+    )
+
+
+def random_trees(seed: int, requests: int = 3, budget: int = 12) -> DraftTree:
+    gen = torch.Generator().manual_seed(seed)
+    vocab, depths, hidden = 20, 5, 8
+    head = DominoHead.random(vocab, hidden, 6, 4, generator=gen, scale=2.0)
+    return build_tree("pruned", torch.randn(requests, depths, vocab, generator=gen) * 2,
+                      torch.randn(requests, depths, hidden, generator=gen),
+                      torch.randint(0, vocab, (requests,), generator=gen), head,
+                      budget=budget, top_k=4, width=3, depth_bonus=-0.2)
+
+
+def is_subtree_prefix(tree: DraftTree, count: int, row: int = 0) -> bool:
+    """Columns 0..count-1 of ``row`` are valid and each node's parent is among them."""
+    parents = tree.parents[row, :count].tolist()
+    valid = tree.valid[row, :count].tolist()
+    return all(valid) and all(p <= j for j, p in enumerate(parents))  # parent index < j + 1
+
+
+# ---------------------------------------------------------------- node acceptance
+def test_acceptance_is_the_path_probability_times_the_depth_scale():
+    tree = hand_tree([(0, 0.9), (1, 0.45), (0, 0.3)])
+    ones = torch.ones(4)
+    assert node_acceptance(tree, ones)[0].tolist() == pytest.approx([0.9, 0.45, 0.3])
+    halves = torch.tensor([1.0, 1.0, 0.5, 1.0])
+    assert node_acceptance(tree, halves)[0].tolist() == pytest.approx([0.9, 0.225, 0.3])
+
+
+def test_acceptance_never_grows_along_a_path_and_padding_is_zero():
+    tree = hand_tree([(0, 0.5), (1, 0.4)], budget=4)
+    boost_depth_two = torch.tensor([1.0, 1.0, 4.0])  # 0.4 * 4 = 1.6 -> capped by the parent
+    assert node_acceptance(tree, boost_depth_two)[0].tolist() == pytest.approx(
+        [0.5, 0.5, 0.0, 0.0])
+
+
+@SETTINGS
+@given(st.integers(0, 10_000))
+def test_every_prefix_of_the_priority_order_is_a_subtree(seed):
+    tree = random_trees(seed)
+    scale = torch.rand(tree.depth_limit + 1, generator=torch.Generator().manual_seed(seed)) * 2
+    ordered, acceptance = priority_order(tree, node_acceptance(tree, scale))
+    for row in range(tree.num_requests):
+        real = int(ordered.num_nodes[row])
+        assert all(is_subtree_prefix(ordered, n, row) for n in range(real + 1))
+        assert acceptance[row, :real].diff().le(0).all()  # best first
+    # The same set of (token path) nodes: reordering loses and invents nothing.
+    assert sorted(ordered.scores[ordered.valid].tolist()) == pytest.approx(
+        sorted(tree.scores[tree.valid].tolist()))
+
+
+def test_a_truncated_priority_order_keeps_the_most_likely_nodes():
+    tree = hand_tree([(0, 0.2), (0, 0.7), (2, 0.6), (3, 0.1)])
+    ordered, _ = priority_order(tree, node_acceptance(tree, torch.ones(5)))
+    kept = truncate(ordered, torch.tensor([2]))
+    assert kept.scores[kept.valid].exp().tolist() == pytest.approx([0.7, 0.6])
+    assert kept.parents[0, :2].tolist() == [0, 1]
+
+
+# ------------------------------------------------------------------ allocation
+ACCEPTANCE = torch.tensor([[0.9, 0.5], [0.2, 0.0]])  # two requests, two nodes each
+
+
+def test_cheap_rows_buy_nodes_until_they_stop_paying():
+    # E(n) = 2, 2.9, 3.4, 3.6, 3.6; T(n) = 10 + n: ratios .200 .264 .283 .277 .257
+    step_ms = 10 + torch.arange(5, dtype=torch.float32)
+    assert int(best_node_count(ACCEPTANCE, step_ms)) == 2
+
+
+def test_expensive_rows_choose_no_tree():
+    step_ms = 10 + 10 * torch.arange(5, dtype=torch.float32)  # ratio .2 .145 ...
+    assert int(best_node_count(ACCEPTANCE, step_ms)) == 0
+
+
+def test_free_rows_verify_every_node_that_can_be_accepted():
+    step_ms = torch.full((5,), 10.0)
+    assert int(best_node_count(ACCEPTANCE, step_ms)) == 3  # the zero node adds nothing
+
+
+def test_counts_split_the_global_top_n_by_request():
+    assert counts_of_top(ACCEPTANCE, torch.tensor(0)).tolist() == [0, 0]
+    assert counts_of_top(ACCEPTANCE, torch.tensor(2)).tolist() == [2, 0]
+    assert counts_of_top(ACCEPTANCE, torch.tensor(3)).tolist() == [2, 1]
+    ties = torch.tensor([[0.5, 0.5], [0.5, 0.5]])
+    assert counts_of_top(ties, torch.tensor(3)).tolist() == [2, 1]  # lower request first
+    valid = torch.tensor([[True, True], [True, False]])
+    assert counts_of_top(ACCEPTANCE, torch.tensor(4), valid).tolist() == [2, 1]
+
+
+# ------------------------------------------------------------------ cost model
+def test_the_cost_fit_recovers_a_linear_step_time():
+    model = StepCostModel(decay=1.0)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        requests = int(torch.randint(1, 17, (1,), generator=gen))
+        rows = requests + int(torch.randint(0, 100, (1,), generator=gen))
+        assert model.observe(requests, requests, rows, 5.0 + 2.0 * requests + 0.5 * rows)
+    # Every step drafted for every request: step and drafting-step costs are one term, so
+    # are per-request and per-drafted-request costs.
+    t_step, t_req, t_draft_step, t_draft_req, t_row = model.coefficients
+    assert (t_step + t_draft_step, t_req + t_draft_req, t_row) == pytest.approx(
+        (5.0, 2.0, 0.5), abs=0.05)
+    assert float(model.predict(4, 20)) == pytest.approx(23.0, abs=0.1)
+
+
+def test_an_idle_gap_is_not_taken_for_cost():
+    model = StepCostModel(warmup=4)
+    for rows in (1, 10, 20, 30, 40):
+        model.observe(1, 1, rows, 10.0 + rows)
+    before = model.coefficients.copy()
+    assert not model.observe(1, 1, 10, 5000.0)  # the engine waited for a request
+    assert (model.coefficients == before).all()
+
+
+# ----------------------------------------------------------------- calibration
+def test_calibration_moves_each_depth_toward_observed_over_predicted():
+    calibration = DepthCalibration(max_depth=2, device=torch.device("cpu"), decay=1.0,
+                                   pseudo=1.0)
+    chain = hand_tree([(0, 0.5), (1, 0.25)])
+    for _ in range(3):  # every step accepts depth 1, never depth 2
+        calibration.update(chain, torch.tensor([2]))
+    # c[d] = (observed + pseudo * 1) / (predicted + pseudo)
+    assert calibration.scale().tolist() == pytest.approx(
+        [1.0, (3 + 1) / (1.5 + 1), (0 + 1) / (0.75 + 1)])
+    assert calibration.raw_error() == pytest.approx(0.5)  # depth 1: |1.5 - 3| / 3
+    assert calibration.error() < calibration.raw_error()
+
+
+def test_calibration_counts_only_verified_nodes():
+    calibration = DepthCalibration(max_depth=2, device=torch.device("cpu"), decay=1.0)
+    tree = truncate(hand_tree([(0, 0.5), (1, 0.25)]), torch.tensor([1]))
+    calibration.update(tree, torch.tensor([1]))
+    assert calibration.predicted.tolist() == pytest.approx([0.0, 0.5, 0.0])
+    assert calibration.observed.tolist() == [0.0, 0.0, 0.0]
+
+
+# ---------------------------------------------------------------------- policy
+def trained_policy(ms_per_row: float, steps: int = 30) -> AdaptiveBudget:
+    policy = AdaptiveBudget(max_depth=5, device=torch.device("cpu"), probe_steps=0,
+                            probe_every=0)
+    for i in range(steps):
+        rows = 3 + (i * 7) % 36
+        drafted = i % 4 != 0
+        policy.record_drafting(3, drafted)
+        policy.observe_step(3, rows, 20.0 + 5.0 * 3 * drafted + ms_per_row * rows)
+    return policy
+
+
+def test_the_policy_verifies_everything_when_rows_are_free():
+    tree = random_trees(1)
+    choice = trained_policy(ms_per_row=0.0).choose(tree)
+    assert choice.counts == tree.num_nodes.tolist()
+    for row, count in enumerate(choice.counts):
+        assert is_subtree_prefix(choice.tree, count, row)
+
+
+def test_the_policy_chooses_no_tree_when_rows_cost_a_whole_step():
+    choice = trained_policy(ms_per_row=30.0).choose(random_trees(2))
+    assert choice.counts == [0, 0, 0]
+    assert choice.expected_tokens == pytest.approx(3.0)
+
+
+def test_the_policy_probes_sizes_at_start_and_never_counts_padding():
+    policy = AdaptiveBudget(max_depth=3, device=torch.device("cpu"), probe_steps=2)
+    tree = hand_tree([(0, 0.9), (1, 0.45), (0, 0.3)], budget=6)
+    first, second = policy.choose(tree), policy.choose(tree)
+    assert first.counts == [3]  # everything real, none of the 3 padding columns
+    assert second.counts == [0]
+
+
+def test_a_barely_varying_batch_size_does_not_buy_a_huge_intercept():
+    """Requests fixed at 16 for long, then a few finish: an unconstrained fit answers with a
+    large t0 and a negative t_req; the non-negative fit keeps predicting the steps."""
+    model = StepCostModel()
+    for i in range(60):
+        rows = 16 + (i * 5) % 40
+        model.observe(16, 16, rows, 50.0 + 1.7 * rows)
+    for requests in (15, 14, 13, 12):
+        model.observe(requests, requests, requests + 10, 50.0 + 1.7 * (requests + 10))
+    assert (model.coefficients >= 0).all()
+    assert float(model.predict(12, 22)) == pytest.approx(50.0 + 1.7 * 22, rel=0.05)
+    assert model.coefficients[4] == pytest.approx(1.7, rel=0.05)
+
+
+def costly_drafting_policy() -> AdaptiveBudget:
+    """Drafting costs 10 ms per request and a row 30 ms: a drafted step's best tree (about
+    5.7 tokens in 290 ms) loses to plain decoding (3 tokens in 110 ms)."""
+    policy = AdaptiveBudget(max_depth=5, device=torch.device("cpu"), probe_steps=0,
+                            probe_every=0, off_steps=2, max_off_steps=8)
+    for i in range(40):
+        rows, drafted = 3 + (i * 7) % 36, i % 3 != 0
+        policy.record_drafting(3, drafted)
+        policy.observe_step(3, rows, 20.0 + 10.0 * 3 * drafted + 30.0 * rows)
+    return policy
+
+
+def test_drafting_backs_off_while_no_tree_pays_and_probes_in_between():
+    policy, tree = costly_drafting_policy(), random_trees(4)
+    decisions = []
+    assert policy.should_draft()
+    for _ in range(4):
+        policy.choose(tree)  # a drafted step: its tree does not pay
+        skipped = 0
+        while not policy.should_draft():  # the first True is the next drafted probe
+            skipped += 1
+        decisions.append(skipped)
+    assert decisions == [2, 4, 8, 8]
+
+
+def test_drafting_stays_on_when_trees_pay():
+    policy, tree = trained_policy(ms_per_row=0.0), random_trees(5)
+    for _ in range(5):
+        assert policy.should_draft()
+        policy.choose(tree)

@@ -1,0 +1,85 @@
+"""What the adaptive budget chose, for people: a periodic log line and Prometheus metrics.
+
+Metrics (engine process; ``vllm-dartree serve`` turns on prometheus_client's multiprocess
+mode for an adaptive engine so the API server's ``/metrics`` shows them):
+
+====================================  =========  =============================================
+``vllm_dartree:budget_nodes``         histogram  nodes chosen for a request in a step
+``vllm_dartree:budget_width``         gauge      the pruned tree's width W the nodes come from
+``vllm_dartree:budget_calibration``   gauge      mean relative error of the calibrated
+                                                 per-depth acceptance (0 = calibrated)
+====================================  =========  =============================================
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from vllm_dartree.tree.budget import AdaptiveBudget, BudgetChoice
+
+logger = logging.getLogger("vllm.dartree")
+
+LOG_EVERY_S = 30.0
+NODE_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class BudgetReport:
+    """Running totals of the policy's choices; logs and exports them."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.steps = 0
+        self.steps_without_tree = 0
+        self.requests = 0
+        self.nodes = 0
+        self._last_log = time.monotonic()
+        self._metrics = _metrics()
+
+    def record(self, choice: BudgetChoice, policy: AdaptiveBudget) -> None:
+        nodes = sum(choice.counts)
+        self.steps += 1
+        self.steps_without_tree += nodes == 0
+        self.requests += len(choice.counts)
+        self.nodes += nodes
+        if self._metrics is not None:
+            histogram = self._metrics[0]
+            for count in choice.counts:
+                histogram.observe(count)
+        now = time.monotonic()
+        if now - self._last_log >= LOG_EVERY_S:
+            self._last_log = now
+            self.log(policy)
+
+    def log(self, policy: AdaptiveBudget) -> None:
+        error, raw = policy.calibration.error(), policy.calibration.raw_error()
+        if self._metrics is not None:
+            self._metrics[1].set(self.width)
+            self._metrics[2].set(error)
+        logger.info(
+            "dartree budget: %.2f nodes/request over %d steps (%.0f%% without a tree), "
+            "width %d, calibration error %.2f (uncalibrated %.2f), step cost (ms) %s",
+            self.nodes / max(self.requests, 1), self.steps,
+            100 * self.steps_without_tree / max(self.steps, 1), self.width, error, raw,
+            policy.cost.describe())
+
+
+def _metrics():
+    try:
+        from prometheus_client import Gauge, Histogram
+    except ImportError:  # pragma: no cover - vLLM always installs it
+        return None
+    global _METRICS
+    if _METRICS is None:
+        _METRICS = (
+            Histogram("vllm_dartree:budget_nodes", "adaptive budget: nodes chosen for a "
+                      "request in a step", buckets=NODE_BUCKETS),
+            Gauge("vllm_dartree:budget_width", "adaptive budget: width of the pruned tree",
+                  multiprocess_mode="livemostrecent"),
+            Gauge("vllm_dartree:budget_calibration", "adaptive budget: mean relative error "
+                  "of the calibrated per-depth acceptance", multiprocess_mode="livemostrecent"),
+        )
+    return _METRICS
+
+
+_METRICS = None
