@@ -94,3 +94,44 @@ def test_the_report_names_the_drafters_the_methods_used():
     assert _drafters(meta | {"methods": ["ar", "domino", "dspark"]}) == \
         "drafter `d`, DSpark drafter `s`"
     assert _drafters(meta | {"methods": ["ar", "dartree-pruned"]}) == "drafter `d`"
+
+
+def test_a_sized_method_carries_its_own_budget_and_width(tiny_domino):
+    from vllm_dartree.bench.methods import canonical, label
+
+    spec = speculative_config("pruned:b64w12", tiny_domino, PARAMS)
+    assert (spec["num_speculative_tokens"], spec["width"], spec["top_k"]) == (64, 12, 8)
+    assert canonical("pruned:b64w12") == "dartree-pruned:b64w12"
+    assert label("dartree-pruned:b64w12") == "DARTree (pruned) B=64 W=12"
+    with pytest.raises(ValueError, match="size suffix"):
+        canonical("ar:b16")
+    with pytest.raises(ValueError, match="size suffix"):
+        canonical("pruned:big")
+
+
+def test_the_adaptive_method_is_pruned_with_the_adaptive_budget(tiny_domino):
+    spec = speculative_config("adaptive:b32", tiny_domino, PARAMS)
+    assert spec == speculative_config("pruned:b32", tiny_domino, PARAMS) | {
+        "budget_policy": "adaptive"}
+
+
+def test_serving_rows_compare_with_ar_per_dataset_and_concurrency():
+    from vllm_dartree.bench.report import _concurrency_lines
+    from vllm_dartree.bench.serving import compare_with_ar
+
+    def row(method, dataset, c, tps, texts):
+        return {"method": method, "dataset": dataset, "concurrency": c, "tokens_per_s": tps,
+                "requests": len(texts), "texts": texts, "drafts_per_step": 2.5}
+
+    rows = [row("ar", "gsm8k", 1, 10.0, ["a", "b"]), row("ar", "mt-bench", 1, 20.0, ["c"]),
+            row("dartree-adaptive", "gsm8k", 1, 15.0, ["a", "x"]),
+            row("dartree-adaptive", "mt-bench", 1, 10.0, ["c"])]
+    compare_with_ar(rows, greedy=True)
+    by = {(r["method"], r["dataset"]): r for r in rows}
+    assert by[("dartree-adaptive", "gsm8k")]["speedup"] == pytest.approx(1.5)
+    assert by[("dartree-adaptive", "mt-bench")]["speedup"] == pytest.approx(0.5)
+    assert by[("dartree-adaptive", "gsm8k")]["mismatches"] == 1
+    assert all("texts" not in r for r in rows)
+    text = "\n".join(_concurrency_lines(rows))
+    assert "### GSM8K" in text and "### MT-Bench" in text
+    assert "15.0 (1.50×)" in text and "1 of 3 served completions differ" in text

@@ -168,3 +168,28 @@ def test_seeded_sampling_is_reproducible(engines, tiny_target, tiny_domino):
     first, again, other = run(0), run(0), run(1000)
     assert first == again
     assert first != other
+
+
+ADAPTIVE = {"budget_policy": "adaptive", "num_speculative_tokens": 24, "width": 6,
+            "top_k": 16}
+
+
+def test_the_adaptive_budget_is_lossless_through_every_kind_of_step(engines, tiny_target,
+                                                                     tiny_domino, baseline):
+    """Its start-up probes alone give steps with the whole tree, with part of it, with no
+    node for any request, and without drafting; output stays target-only decoding's."""
+    from vllm_dartree.integration.budget_report import BudgetReport
+
+    llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino, **ADAPTIVE),
+                      **BATCH)
+    steps: list[list[int] | None] = []
+    with BudgetReport.observing(steps.append):
+        assert generate_ids(llm, PROMPTS, params()) == baseline
+    drafted = [counts for counts in steps if counts is not None]
+    assert None in steps  # a step that did not draft
+    assert any(sum(c) == 0 for c in drafted)  # a step that verified no node at all
+    assert any(0 < sum(c) < 24 * len(c) for c in drafted)  # part of the trees
+    assert all(0 <= n <= 24 for c in drafted for n in c)
+    counters = spec_decode_counters(llm)
+    assert 0 < counters["num_draft_tokens"] < 24 * counters["num_drafts"]  # rows not verified
+

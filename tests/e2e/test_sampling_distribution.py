@@ -51,7 +51,10 @@ def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(chisquare(observed.numpy(), wanted.numpy()).pvalue)
 
 
-def test_sampled_tokens_follow_the_target(engines):
+@pytest.mark.parametrize("budget_policy", ["fixed", "adaptive"])
+def test_sampled_tokens_follow_the_target(engines, budget_policy):
+    """Also with the adaptive budget, whose node counts (so which rows draw from a request's
+    generator) follow the clock: seeded outputs need not repeat, the distribution must."""
     from vllm import SamplingParams
 
     target = write_target(SPEC)
@@ -60,7 +63,8 @@ def test_sampled_tokens_follow_the_target(engines):
     llm = engines.get(
         model=str(target), max_num_seqs=64, max_num_batched_tokens=4096,
         speculative_config={"method": "dartree", "model": str(drafter),
-                            "num_speculative_tokens": 16, "width": 8},
+                            "num_speculative_tokens": 16, "width": 8,
+                            "budget_policy": budget_policy},
     )
     sampling = [SamplingParams(temperature=1.0, seed=seed, max_tokens=4, ignore_eos=True)
                 for seed in range(SAMPLES)]

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import ClassVar
 
 from vllm_dartree.tree.budget import AdaptiveBudget, BudgetChoice
 
@@ -23,20 +26,44 @@ logger = logging.getLogger("vllm.dartree")
 LOG_EVERY_S = 30.0
 NODE_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 
+# Called with the nodes chosen per request of every drafted step, or None for a step the
+# policy did not draft.
+Observer = Callable[[list[int] | None], None]
+
 
 class BudgetReport:
-    """Running totals of the policy's choices; logs and exports them."""
+    """Running totals of the policy's choices; logs and exports them. Observers (tests,
+    benchmarks) see every step's choice in this process: :meth:`observing`."""
+
+    _observers: ClassVar[list[Observer]] = []
+
+    @classmethod
+    @contextmanager
+    def observing(cls, observer: Observer) -> Iterator[None]:
+        cls._observers.append(observer)
+        try:
+            yield
+        finally:
+            cls._observers.remove(observer)
 
     def __init__(self, width: int) -> None:
         self.width = width
         self.steps = 0
         self.steps_without_tree = 0
+        self.steps_without_drafting = 0
         self.requests = 0
         self.nodes = 0
         self._last_log = time.monotonic()
         self._metrics = _metrics()
 
+    def record_no_drafting(self) -> None:
+        self.steps_without_drafting += 1
+        for observer in self._observers:
+            observer(None)
+
     def record(self, choice: BudgetChoice, policy: AdaptiveBudget) -> None:
+        for observer in self._observers:
+            observer(choice.counts)
         nodes = sum(choice.counts)
         self.steps += 1
         self.steps_without_tree += nodes == 0
@@ -57,10 +84,11 @@ class BudgetReport:
             self._metrics[1].set(self.width)
             self._metrics[2].set(error)
         logger.info(
-            "dartree budget: %.2f nodes/request over %d steps (%.0f%% without a tree), "
-            "width %d, calibration error %.2f (uncalibrated %.2f), step cost (ms) %s",
+            "dartree budget: %.2f nodes/request over %d drafted steps (%.0f%% without a tree), "
+            "%d steps not drafted, width %d, calibration error %.2f (uncalibrated %.2f), step cost (ms) %s",
             self.nodes / max(self.requests, 1), self.steps,
-            100 * self.steps_without_tree / max(self.steps, 1), self.width, error, raw,
+            100 * self.steps_without_tree / max(self.steps, 1), self.steps_without_drafting,
+            self.width, error, raw,
             policy.cost.describe())
 
 

@@ -166,6 +166,8 @@ class DARTreeProposer(DFlashProposer):
             return True
         drafting = same_on_every_rank(policy.should_draft())
         policy.record_drafting(num_requests, drafting)
+        if not drafting:
+            self.budget_report.record_no_drafting()
         return drafting
 
     def _draft_block(self, target_token_ids, target_positions, target_hidden_states,
