@@ -12,6 +12,7 @@ from vllm_dartree.tree import DominoHead, DraftTree, build_tree, truncate
 from vllm_dartree.tree.budget import (
     AdaptiveBudget,
     DepthCalibration,
+    LinearCost,
     StepCostModel,
     best_node_count,
     counts_of_top,
@@ -130,27 +131,52 @@ def test_counts_split_the_global_top_n_by_request():
 
 # ------------------------------------------------------------------ cost model
 def test_the_cost_fit_recovers_a_linear_step_time():
-    model = StepCostModel(decay=1.0)
+    model = LinearCost(("step", "request", "row"), decay=1.0)
     gen = torch.Generator().manual_seed(0)
     for _ in range(60):
         requests = int(torch.randint(1, 17, (1,), generator=gen))
         rows = requests + int(torch.randint(0, 100, (1,), generator=gen))
-        assert model.observe(requests, requests, rows, 5.0 + 2.0 * requests + 0.5 * rows)
-    # Every step drafted for every request: step and drafting-step costs are one term, so
-    # are per-request and per-drafted-request costs.
-    t_step, t_req, t_draft_step, t_draft_req, t_row = model.coefficients
-    assert (t_step + t_draft_step, t_req + t_draft_req, t_row) == pytest.approx(
-        (5.0, 2.0, 0.5), abs=0.05)
-    assert float(model.predict(4, 20)) == pytest.approx(23.0, abs=0.1)
+        assert model.observe(5.0 + 2.0 * requests + 0.5 * rows, 1.0, requests, rows)
+    assert model.coefficients.tolist() == pytest.approx([5.0, 2.0, 0.5], abs=0.05)
+    assert model.predict(1.0, 4, 20) == pytest.approx(23.0, abs=0.1)
 
 
 def test_an_idle_gap_is_not_taken_for_cost():
-    model = StepCostModel(warmup=4)
+    model = LinearCost(("step", "row"), warmup=4)
     for rows in (1, 10, 20, 30, 40):
-        model.observe(1, 1, rows, 10.0 + rows)
+        model.observe(10.0 + rows, 1.0, rows)
     before = model.coefficients.copy()
-    assert not model.observe(1, 1, 10, 5000.0)  # the engine waited for a request
+    assert not model.observe(5000.0, 1.0, 10)  # the engine waited for a request
     assert (model.coefficients == before).all()
+
+
+def test_a_barely_varying_batch_size_does_not_buy_a_huge_intercept():
+    """Requests fixed at 16 for long, then a few finish: an unconstrained fit answers with a
+    large intercept and a negative per-request cost; the non-negative fit keeps predicting."""
+    model = LinearCost(("step", "request", "row"))
+    for i in range(60):
+        rows = 16 + (i * 5) % 40
+        model.observe(50.0 + 1.7 * rows, 1.0, 16, rows)
+    for requests in (15, 14, 13, 12):
+        model.observe(50.0 + 1.7 * (requests + 10), 1.0, requests, requests + 10)
+    assert (model.coefficients >= 0).all()
+    assert model.predict(1.0, 12, 22) == pytest.approx(50.0 + 1.7 * 22, rel=0.05)
+    assert model.coefficients[2] == pytest.approx(1.7, rel=0.05)
+
+
+def test_the_step_model_splits_target_and_drafter_time():
+    """Every step drafts for the same 2 requests: the drafter's part is timed, so a step
+    without drafting is still predicted right (the target's part alone), and a tree step's
+    fixed cost (8 ms) is told apart from its rows."""
+    model = StepCostModel()
+    for i in range(40):
+        nodes = (i * 3) % 30
+        draft_ms = 15.0 + 5.0 * 2
+        ms = 20.0 + 1.5 * (2 + nodes) + 8.0 * (nodes > 0) + draft_ms
+        model.observe(2, 2 + nodes, nodes, ms, True, draft_ms)
+    model.observe(2, 2, 0, 20.0 + 3.0 + 2.0, False, 2.0)
+    assert float(model.predict(2, 0, drafting=False)) == pytest.approx(25.0, rel=0.05)
+    assert float(model.predict(2, 10)) == pytest.approx(20 + 18 + 8 + 25, rel=0.05)
 
 
 # ----------------------------------------------------------------- calibration
@@ -181,9 +207,9 @@ def trained_policy(ms_per_row: float, steps: int = 30) -> AdaptiveBudget:
                             probe_every=0)
     for i in range(steps):
         rows = 3 + (i * 7) % 36
-        drafted = i % 4 != 0
-        policy.record_drafting(3, drafted)
-        policy.observe_step(3, rows, 20.0 + 5.0 * 3 * drafted + ms_per_row * rows)
+        draft_ms = 5.0 * 3
+        policy.record_drafting(True, draft_ms)
+        policy.observe_step(3, rows, rows - 3, 20.0 + draft_ms + ms_per_row * rows)
     return policy
 
 
@@ -209,20 +235,6 @@ def test_the_policy_probes_sizes_at_start_and_never_counts_padding():
     assert second.counts == [0]
 
 
-def test_a_barely_varying_batch_size_does_not_buy_a_huge_intercept():
-    """Requests fixed at 16 for long, then a few finish: an unconstrained fit answers with a
-    large t0 and a negative t_req; the non-negative fit keeps predicting the steps."""
-    model = StepCostModel()
-    for i in range(60):
-        rows = 16 + (i * 5) % 40
-        model.observe(16, 16, rows, 50.0 + 1.7 * rows)
-    for requests in (15, 14, 13, 12):
-        model.observe(requests, requests, requests + 10, 50.0 + 1.7 * (requests + 10))
-    assert (model.coefficients >= 0).all()
-    assert float(model.predict(12, 22)) == pytest.approx(50.0 + 1.7 * 22, rel=0.05)
-    assert model.coefficients[4] == pytest.approx(1.7, rel=0.05)
-
-
 def costly_drafting_policy() -> AdaptiveBudget:
     """Drafting costs 10 ms per request and a row 30 ms: a drafted step's best tree (about
     5.7 tokens in 290 ms) loses to plain decoding (3 tokens in 110 ms)."""
@@ -230,8 +242,9 @@ def costly_drafting_policy() -> AdaptiveBudget:
                             probe_every=0, off_steps=2, max_off_steps=8)
     for i in range(40):
         rows, drafted = 3 + (i * 7) % 36, i % 3 != 0
-        policy.record_drafting(3, drafted)
-        policy.observe_step(3, rows, 20.0 + 10.0 * 3 * drafted + 30.0 * rows)
+        draft_ms = 10.0 * 3 if drafted else 1.0
+        policy.record_drafting(drafted, draft_ms)
+        policy.observe_step(3, rows, rows - 3, 20.0 + draft_ms + 30.0 * rows)
     return policy
 
 

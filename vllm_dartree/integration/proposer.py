@@ -11,6 +11,8 @@ Acceptance is not here (``verifier.py``).
 
 from __future__ import annotations
 
+import time
+
 import torch
 from vllm.forward_context import set_forward_context
 from vllm.v1.spec_decode.dflash import DFlashProposer
@@ -114,13 +116,15 @@ class DARTreeProposer(DFlashProposer):
                 target_hidden_states, next_token_ids, token_indices_to_sample,
                 common_attn_metadata, sampling_metadata, mm_embed_inputs=None,
                 num_rejected_tokens_gpu=None, slot_mappings=None) -> torch.Tensor:
+        started = time.perf_counter()
         target_hidden_states = self.tree_step.draft_context(target_hidden_states)
-        if not self._drafts_this_step(next_token_ids.shape[0]):
+        if not self._drafts_this_step():
             # Context only: the drafter still sees every committed token, no block is
             # queried, and the next step verifies nothing (plain decoding).
             self._draft_block(target_token_ids, target_positions, target_hidden_states,
                               next_token_ids, common_attn_metadata, num_rejected_tokens_gpu,
                               mask_slots=0)
+            self.budget_policy.record_drafting(False, (time.perf_counter() - started) * 1e3)
             return [[] for _ in range(next_token_ids.shape[0])]
         with StepProfile.phase("drafter_forward", self.device):
             depth_hidden = self._draft_block(
@@ -156,16 +160,16 @@ class DARTreeProposer(DFlashProposer):
         self.budget_report.record(choice, self.budget_policy)
         self.tree_step.hand_over(list(req_ids), choice.tree, chains=variant == "chain")
         tokens = choice.tree.tokens.tolist()
+        self.budget_policy.record_drafting(True, (time.perf_counter() - started) * 1e3)
         return [row[:count] for row, count in zip(tokens, choice.counts)]
 
-    def _drafts_this_step(self, num_requests: int) -> bool:
+    def _drafts_this_step(self) -> bool:
         """The adaptive budget's call (always True without it); every tensor-parallel rank
         takes rank 0's, since the drafter's forward and logits run collectives."""
         policy = self.budget_policy
         if policy is None:
             return True
         drafting = same_on_every_rank(policy.should_draft())
-        policy.record_drafting(num_requests, drafting)
         if not drafting:
             self.budget_report.record_no_drafting()
         return drafting

@@ -66,7 +66,7 @@ class TreeStep:
         self.verifier = verifier
         self.move_kv = move_kv
         self.budget_policy = budget_policy
-        self._last_plan: tuple[float, int, int] | None = None  # (time, requests, rows)
+        self._last_plan: tuple[float, int, int, int] | None = None  # time, shape of the step
         self._proposed_in: int | None = None  # step of the proposal this step verifies
         self.step = 0  # steps planned so far
         self._proposal: Proposal | None = None  # trees for the next step's verify
@@ -81,7 +81,8 @@ class TreeStep:
         """Lay out this step's tree verification; None when vLLM verifies it (no drafts, or
         a batch whose sampling reads the drafted prefix)."""
         StepProfile.new_round(self.device)
-        self._time_previous_step(len(req_ids), int(np.sum(num_scheduled[: len(req_ids)])))
+        self._time_previous_step(len(req_ids), int(np.sum(num_scheduled[: len(req_ids)])),
+                                 0 if num_drafts is None else int(sum(num_drafts)))
         self.step += 1
         proposal, self._proposal = self._proposal, None
         self._plan = self._kv_caches = self._accepted = None
@@ -95,15 +96,16 @@ class TreeStep:
                                 self.device)
         return self._plan
 
-    def _time_previous_step(self, requests: int, rows: int) -> None:
-        """Tell the budget policy what the previous step cost (its rows, requests, ms)."""
+    def _time_previous_step(self, requests: int, rows: int, nodes: int) -> None:
+        """Tell the budget policy what the previous step cost (requests, rows, tree nodes
+        among them, ms)."""
         if self.budget_policy is None:
             return
         now = time.perf_counter()
         if self._last_plan is not None:
-            started, last_requests, last_rows = self._last_plan
-            self.budget_policy.observe_step(last_requests, last_rows, (now - started) * 1e3)
-        self._last_plan = (now, requests, rows)
+            started, *shape = self._last_plan
+            self.budget_policy.observe_step(*shape, (now - started) * 1e3)
+        self._last_plan = (now, requests, rows, nodes)
 
     # ---- phase 2: the target forward ----------------------------------------------------
     @contextmanager

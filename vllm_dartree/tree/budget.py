@@ -7,7 +7,8 @@ n across the whole batch that maximises expected emitted tokens per millisecond:
 
     p_u   = min over u and its ancestors a of  min(1, c[d(a)] * exp(s_a))
     E(n)  = R + P_n            P_n: sum of the n largest p_u over the batch
-    T(n)  = fixed(R, drafting) + t_row * (R + n)               (:class:`StepCostModel`)
+    T(n)  = t_step + t_req * R + t_row * (R + n) + t_tree * [n > 0] + D(R)
+                                                               (:class:`StepCostModel`)
     n*    = argmax_{0 <= n <= R * B} E(n) / T(n)
 
 ``s`` is a node's path log-probability under the corrected drafter (``DraftTree.scores``)
@@ -18,10 +19,10 @@ expected number of tokens. ``p`` never grows along a path and ties go to the sha
 node, so every request's share of the top-n is a subtree (Lemma 1 of the paper for the
 path score); n* = 0 means plain decoding for the step.
 
-Drafting itself costs (the drafter's block, its logits, the tree, per request and per step),
+Drafting itself costs (D: the drafter's block, its logits, the tree; timed directly),
 so after each drafted step the policy also asks whether its choice beats not drafting:
 
-    keep drafting iff  E(n*) / T(n*, drafted)  >=  R / T(0, not drafted)
+    keep drafting iff  smoothed E(n*) / T(n*)  >=  0.97 * R / T(0, no drafting)
 
 A step that does not draft still feeds the drafter its context (so later drafts see
 every committed token) but queries no block; such steps repeat with a doubling back-off
@@ -120,66 +121,55 @@ def counts_of_top(acceptance: torch.Tensor, total: torch.Tensor,
 
 
 # --------------------------------------------------------------------- cost model
-COST_TERMS = ("step", "request", "drafting step", "drafted request", "row")
-
-
 @dataclass
-class StepCostModel:
-    """Step time, linear in what the step did, fitted online  [ms]:
+class LinearCost:
+    """ms = theta . x with every theta >= 0, fitted online.
 
-        T = t_step + t_req * R + t_draft_step * [drafted] + t_draft_req * drafted + t_row * rows
-
-    R requests, ``drafted`` of them drafted for (0 in a step that did not draft; a drafting
-    step also pays a fixed host cost: launching the drafter, building the trees), ``rows``
-    tokens the target computed. Exponentially weighted least squares (forgetting ``decay``
-    per step) with every coefficient >= 0 (an unconstrained fit trades a huge t_step for a
-    negative t_req whenever the batch size barely varies), solved exactly over every
-    support of the five coefficients, plus a small ridge so the fit starts defined. A step
-    far above the prediction (an idle engine between requests) is not evidence of cost and
-    is skipped once the model has seen ``warmup`` steps.
+    Exponentially weighted least squares (forgetting ``decay`` per sample), solved exactly
+    over every support of the coefficients (an unconstrained fit trades a huge intercept for
+    a negative slope whenever a feature barely varies), plus a small ridge so the fit starts
+    defined. A sample far above the prediction (an idle engine between requests) is not
+    evidence of cost and is skipped once the model has seen ``warmup`` samples.
     """
 
+    terms: tuple[str, ...]
     decay: float = 0.98
     ridge: float = 1e-3
     warmup: int = 8
     outlier_ratio: float = 3.0
     observed: int = 0
-    _gram: np.ndarray = field(default_factory=lambda: np.zeros((5, 5)))
-    _moment: np.ndarray = field(default_factory=lambda: np.zeros(5))
-    coefficients: np.ndarray = field(default_factory=lambda: np.zeros(5))
+    _gram: np.ndarray = field(init=False)
+    _moment: np.ndarray = field(init=False)
+    coefficients: np.ndarray = field(init=False)
 
-    @staticmethod
-    def features(requests: int, drafted: int, rows: int) -> np.ndarray:
-        return np.array([1.0, requests, float(drafted > 0), drafted, rows], dtype=np.float64)
+    def __post_init__(self) -> None:
+        size = len(self.terms)
+        self._gram, self._moment, self.coefficients = (np.zeros((size, size)), np.zeros(size),
+                                                       np.zeros(size))
 
-    def predict(self, requests: int, rows: torch.Tensor | int, drafted: int | None = None
-                ) -> torch.Tensor:
-        """Predicted ms; ``drafted`` defaults to every request."""
-        t_step, t_req, t_draft_step, t_draft_req, t_row = self.coefficients.tolist()
-        drafted = requests if drafted is None else drafted
-        fixed = t_step + t_req * requests + t_draft_step * (drafted > 0) + t_draft_req * drafted
-        return fixed + t_row * torch.as_tensor(rows, dtype=torch.float64)
+    def predict(self, *x: float) -> float:
+        return float(self.coefficients @ np.asarray(x, dtype=np.float64))
 
-    def observe(self, requests: int, drafted: int, rows: int, ms: float) -> bool:
-        """Add one step; False when it was skipped as an idle gap."""
-        if self.observed >= self.warmup and ms > self.outlier_ratio * float(
-                self.predict(requests, rows, drafted)):
+    def observe(self, ms: float, *x: float) -> bool:
+        """Add one sample; False when it was skipped as an idle gap."""
+        if self.observed >= self.warmup and ms > self.outlier_ratio * self.predict(*x):
             return False
-        x = self.features(requests, drafted, rows)
+        x = np.asarray(x, dtype=np.float64)
         self._gram = self.decay * self._gram + np.outer(x, x)
         self._moment = self.decay * self._moment + ms * x
         self.observed += 1
         self.coefficients = nonnegative_least_squares(
-            self._gram + self.ridge * np.eye(5), self._moment)
+            self._gram + self.ridge * np.eye(len(x)), self._moment)
         return True
 
     def describe(self) -> str:
-        return ", ".join(f"{v:.2f}/{name}" for name, v in zip(COST_TERMS, self.coefficients))
+        return " + ".join(f"{v:.2f}/{name}" for name, v in zip(self.terms, self.coefficients))
 
 
 def nonnegative_least_squares(gram: np.ndarray, moment: np.ndarray) -> np.ndarray:
-    """argmin_{theta >= 0} theta' G theta - 2 theta' m, by trying every support (five
-    unknowns: 31 tiny solves; the best feasible one is the optimum of this convex problem)."""
+    """argmin_{theta >= 0} theta' G theta - 2 theta' m, by trying every support (a handful
+    of unknowns: a few tiny solves; the best feasible one is the optimum of this convex
+    problem)."""
     size = moment.shape[0]
     best, best_loss = np.zeros(size), 0.0
     for mask in range(1, 1 << size):
@@ -192,6 +182,59 @@ def nonnegative_least_squares(gram: np.ndarray, moment: np.ndarray) -> np.ndarra
         if loss < best_loss:
             best, best_loss = theta, loss
     return best
+
+
+class StepCostModel:
+    """A step's wall time [ms] as the target's part plus the drafter's part:
+
+        T(R, n, drafting) = t_step + t_req * R + t_row * (R + n) + t_tree * [n > 0]
+                            + D(R, drafting)
+        D(R, True)  = d_step + d_req * R        D(R, False) = d_context
+
+``t_tree`` is what a step that verifies a tree pays beyond its rows (the plan, tree
+attention set-up, acceptance, KV compaction).
+    The drafter's part is timed directly around the proposer's work (its block forward,
+    logits, tree and choice; on a GPU that wall time also absorbs whatever the device still
+    had queued), so the two parts are fitted separately and a batch that always drafts
+    still tells what a step without drafting would cost. ``rows`` are the tokens the target
+    computed (one per request plus the verified nodes, plus any prefill).
+    """
+
+    def __init__(self) -> None:
+        self.target = LinearCost(("step", "request", "row", "tree step"))
+        self.drafting = LinearCost(("drafting step", "drafted request"))
+        self.context_ms = 0.0  # a step that only feeds the drafter its context (EMA)
+        self._context_steps = 0
+
+    @property
+    def observed(self) -> int:
+        return self.target.observed
+
+    def predict(self, requests: int, nodes: torch.Tensor | int, drafting: bool = True
+                ) -> torch.Tensor:
+        """Predicted ms of a step verifying ``nodes`` in all (a tensor: one per entry)."""
+        t_step, t_req, t_row, t_tree = self.target.coefficients.tolist()
+        draft = self.drafting.predict(1.0, requests) if drafting else self.context_ms
+        nodes = torch.as_tensor(nodes, dtype=torch.float64)
+        return (t_step + t_req * requests + draft + t_row * (requests + nodes)
+                + t_tree * (nodes > 0))
+
+    def observe(self, requests: int, rows: int, nodes: int, ms: float, drafted: bool,
+                draft_ms: float) -> bool:
+        """One step: ``rows`` computed, ``nodes`` of them tree nodes; its wall time ``ms``,
+        of which ``draft_ms`` in the proposer."""
+        if drafted:
+            self.drafting.observe(draft_ms, 1.0, requests)
+        else:
+            self.context_ms = draft_ms if self._context_steps == 0 else (
+                0.9 * self.context_ms + 0.1 * draft_ms)
+            self._context_steps += 1
+        return self.target.observe(max(ms - draft_ms, 0.0), 1.0, requests, rows,
+                                   float(nodes > 0))
+
+    def describe(self) -> str:
+        return (f"target {self.target.describe()}; drafting {self.drafting.describe()}; "
+                f"context only {self.context_ms:.2f}")
 
 
 # -------------------------------------------------------------------- calibration
@@ -266,11 +309,13 @@ class AdaptiveBudget:
     The cost model learns from the steps it sees, so the choice sometimes varies on purpose:
     the first ``probe_steps`` drafted steps take their count from a cycle over 0 .. R*B (and
     the step after every fifth does not draft), and every ``probe_every``-th drafted step
-    verifies a quarter of R*B more than n*, so the per-row, per-request and drafting costs
+    verifies a quarter of R*B more than n* or no node at all, so the per-row, per-request and drafting costs
     stay told apart (output is unaffected: any count is lossless, drafting or not).
     """
 
     PROBE_FRACTIONS = (1.0, 0.0, 0.5, 0.25, 0.75)
+    rate_smoothing = 0.8
+    hysteresis = 0.03
 
     def __init__(self, max_depth: int, device: torch.device, probe_steps: int = 5,
                  probe_every: int = 100, off_steps: int = 4, max_off_steps: int = 64) -> None:
@@ -282,8 +327,10 @@ class AdaptiveBudget:
         self.max_off_steps = max_off_steps
         self.steps = 0  # drafted steps (choices made)
         self._off_left = 0  # steps still to skip drafting
+        self._rate: float | None = None  # smoothed predicted tokens/ms of drafted steps
         self._backoff = off_steps
-        self._drafted = 0  # requests the current step drafted for
+        self._drafted = False  # whether the current step drafted
+        self._draft_ms = 0.0  # and how long the proposer took
 
     # ---- drafting on or off ----------------------------------------------------------
     def should_draft(self) -> bool:
@@ -293,22 +340,36 @@ class AdaptiveBudget:
             return False
         return True
 
-    def record_drafting(self, requests: int, drafted: bool) -> None:
-        """What this step did (after the ranks agreed), for the cost model's next sample."""
-        self._drafted = requests if drafted else 0
+    def record_drafting(self, drafted: bool, ms: float) -> None:
+        """What this step's proposer did (after the ranks agreed) and its wall time, for the
+        cost model's next sample."""
+        self._drafted, self._draft_ms = drafted, ms
 
     def _update_worth(self, requests: int, expected: float, nodes: int) -> None:
-        """After a drafted step: keep drafting, or back off (doubling) while it does not pay."""
+        """After a drafted step: keep drafting, or back off (doubling) while it does not pay.
+
+        The drafted steps' predicted rate is smoothed (``rate_smoothing``; the first drafted
+        step after a pause starts it afresh) and must fall ``hysteresis`` below the plain
+        rate to stop drafting: a near tie would otherwise flip every few steps, and every
+        switch costs a step that drafts without verifying or verifies without drafting.
+        """
         if self.steps <= self.probe_steps:
             self._off_left = int(self.steps % 5 == 0)  # start-up: sample a step without
             return
-        tree_ms = float(self.cost.predict(requests, requests + nodes))
-        plain_ms = float(self.cost.predict(requests, requests, drafted=0))
-        if min(tree_ms, plain_ms) <= 0 or expected / tree_ms >= requests / plain_ms:
+        tree_ms = float(self.cost.predict(requests, nodes))
+        plain_ms = float(self.cost.predict(requests, 0, drafting=False))
+        if min(tree_ms, plain_ms) <= 0:
+            return
+        rate = expected / tree_ms
+        fresh = self._rate is None
+        self._rate = rate if fresh else (
+            self.rate_smoothing * self._rate + (1 - self.rate_smoothing) * rate)
+        if self._rate >= (1 - self.hysteresis) * requests / plain_ms:
             self._backoff = self.off_steps
             return
         self._off_left = self._backoff
         self._backoff = min(2 * self._backoff, self.max_off_steps)
+        self._rate = None
 
     # ---- which nodes -------------------------------------------------------------------
     def choose(self, tree: DraftTree) -> BudgetChoice:
@@ -317,7 +378,7 @@ class AdaptiveBudget:
         ordered, acceptance = priority_order(tree, acceptance)
         num_requests, budget = acceptance.shape
         total = num_requests * budget
-        step_ms = self.cost.predict(num_requests, num_requests + torch.arange(total + 1))
+        step_ms = self.cost.predict(num_requests, torch.arange(total + 1))
         if self.steps < self.probe_steps:
             fraction = self.PROBE_FRACTIONS[self.steps % len(self.PROBE_FRACTIONS)]
             chosen = torch.tensor(round(fraction * total), device=acceptance.device)
@@ -325,7 +386,9 @@ class AdaptiveBudget:
             chosen = best_node_count(acceptance, step_ms.clamp(min=1e-3).to(
                 acceptance.device, torch.float32))
             if self.probe_every and self.steps % self.probe_every == 0:
-                chosen = (chosen + -(-total // 4)).clamp(max=total)
+                # Alternately a quarter of R*B more than n*, and no node at all.
+                probe = self.steps // self.probe_every % 2
+                chosen = (chosen + -(-total // 4)).clamp(max=total) if probe else chosen * 0
         counts = counts_of_top(acceptance, chosen, ordered.valid)
         kept = torch.arange(budget, device=counts.device) < counts.unsqueeze(1)
         expected = num_requests + (acceptance * kept).sum()
@@ -335,13 +398,14 @@ class AdaptiveBudget:
         nodes = sum(counts_host)
         self.steps += 1
         self._update_worth(num_requests, expected_host, nodes)
-        predicted = float(self.cost.predict(num_requests, num_requests + nodes))
+        predicted = float(self.cost.predict(num_requests, nodes))
         return BudgetChoice(ordered, counts_host, expected_host, predicted)
 
-    def observe_step(self, requests: int, rows: int, ms: float) -> bool:
+    def observe_step(self, requests: int, rows: int, nodes: int, ms: float) -> bool:
         """The previous step's wall time (it drafted as :meth:`record_drafting` said)."""
-        drafted, self._drafted = self._drafted, 0
-        return self.cost.observe(requests, drafted, rows, ms)
+        drafted, draft_ms = self._drafted, self._draft_ms
+        self._drafted, self._draft_ms = False, 0.0
+        return self.cost.observe(requests, rows, nodes, ms, drafted, draft_ms)
 
     def observe_acceptance(self, tree: DraftTree, num_accepted: torch.Tensor) -> None:
         self.calibration.update(tree, num_accepted)
