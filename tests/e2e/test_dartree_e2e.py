@@ -66,6 +66,10 @@ DSPARK_VARIANTS = [
     ("chain", "tiny_dspark", {"tree": "chain", "num_speculative_tokens": 7}),
     ("fixed", "tiny_dspark", {"tree": "fixed", "num_speculative_tokens": 24, "top_k": 16}),
     ("pruned-reduced-vocab", "tiny_dspark_reduced", {}),
+    # The adaptive budget reads the confidence head's chain survival.
+    ("adaptive-confidence", "tiny_dspark", {"budget_policy": "adaptive",
+                                            "num_speculative_tokens": 24, "width": 6,
+                                            "top_k": 16}),
 ]
 
 

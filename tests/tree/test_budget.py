@@ -16,8 +16,10 @@ from vllm_dartree.tree.budget import (
     StepCostModel,
     best_node_count,
     counts_of_top,
+    depth_leaders,
     node_acceptance,
     priority_order,
+    with_confidence,
 )
 
 SETTINGS = settings(max_examples=30, deadline=None)
@@ -266,3 +268,16 @@ def test_drafting_stays_on_when_trees_pay():
     for _ in range(5):
         assert policy.should_draft()
         policy.choose(tree)
+
+
+# ----------------------------------------------------------------- confidence head
+def test_a_confidence_head_moves_each_depth_to_its_chain_survival():
+    """Depth 1: best node 0.8 (chain), sibling 0.1; depth 2: chain child 0.4. With survival
+    0.5 then 0.5 the chain nodes carry 0.5 and 0.25, the sibling keeps its 1/8 ratio."""
+    tree = hand_tree([(0, 0.8), (0, 0.1), (1, 0.4)], budget=4)
+    tokens, best = depth_leaders(tree, 2)
+    assert tokens[0].tolist() == [0, 2] and best[0].exp().tolist() == pytest.approx([0.8, 0.4])
+    moved = with_confidence(tree, torch.tensor([[0.5, 0.5]]))
+    assert moved.scores[0, :3].exp().tolist() == pytest.approx([0.5, 0.0625, 0.25])
+    assert moved.scores[0, 3] == tree.scores[0, 3]  # padding untouched
+    assert torch.equal(moved.tokens, tree.tokens) and torch.equal(moved.parents, tree.parents)

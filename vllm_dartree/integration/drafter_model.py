@@ -10,8 +10,9 @@ handles what DSpark shares with DFlash (the backbone, optional own ``embed_token
 dropped). For a z-lab DFlash checkpoint it is the stock model; a Domino checkpoint
 (``dflash_config.projector_type == "domino"``) adds ``prefix_gru.*`` and ``embed_proj.*``,
 exposed as a :class:`~vllm_dartree.tree.DominoHead`; a DSpark checkpoint adds
-``markov_head.markov_w1/w2`` (and an optional ``confidence_head.proj``, loaded and kept, not
-used by the trees yet), exposed as a :class:`~vllm_dartree.tree.MarkovHead`. Names and
+``markov_head.markov_w1/w2``, exposed as a :class:`~vllm_dartree.tree.MarkovHead`, and an
+optional ``confidence_head.proj`` (:meth:`chain_confidence`, the adaptive budget's
+acceptance estimate). Names and
 shapes are those of vLLM's ``qwen3_dspark.Qwen3DSparkForCausalLM.load_weights``.
 """
 
@@ -54,6 +55,7 @@ class DARTreeDraftModel(DFlashQwen3ForCausalLM):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.layout = DrafterLayout.from_config(hf_config_dict(self.config))
         self.has_domino_head = self.layout.head == DOMINO
+        self.has_confidence_head = False  # set when the weights load (vLLM drops an absent one)
         self.pure_draft_prefix_len = self.layout.pure_draft_prefix_len
         dtype = vllm_config.model_config.dtype
         if self.has_domino_head:
@@ -154,6 +156,19 @@ class DARTreeDraftModel(DFlashQwen3ForCausalLM):
                                               self.prefix_gru.weight_ih_l0,
                                               self.config.vocab_size),
         )
+
+    def chain_confidence(self, depth_hidden: torch.Tensor, previous_tokens: torch.Tensor
+                         ) -> torch.Tensor | None:
+        """[R, D] DSpark's confidence head on the chain: the probability that depth d's
+        token is accepted given every earlier one was (``depth_hidden`` [R, D, H], the
+        chain's previous token per depth [R, D], root first); None without the head."""
+        if not self.has_confidence_head:
+            return None
+        features = depth_hidden.float()
+        if self.layout.confidence_head_with_markov:
+            previous = self.dspark_heads.markov_head.markov_w1(previous_tokens)
+            features = torch.cat([features, previous.float()], dim=-1)
+        return torch.sigmoid(self.dspark_heads.confidence_head.proj(features).squeeze(-1))
 
     def _markov_head(self) -> MarkovHead:
         """The Markov head; with a reduced draft vocabulary, markov_w2's rows are looked up

@@ -24,8 +24,8 @@ from vllm_dartree.integration.drafter_model import read_layout
 from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.step import TreeStep
 from vllm_dartree.integration.verify_plan import needs_chain_verification
-from vllm_dartree.tree import build_tree, depth_first
-from vllm_dartree.tree.budget import AdaptiveBudget
+from vllm_dartree.tree import DraftTree, build_tree, depth_first
+from vllm_dartree.tree.budget import AdaptiveBudget, depth_leaders, with_confidence
 from vllm_dartree.tree.build import capture_all_shapes
 from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size
 
@@ -156,12 +156,23 @@ class DARTreeProposer(DFlashProposer):
         if self.budget_policy is None:
             self.tree_step.hand_over(list(req_ids), tree, chains=variant == "chain")
             return tree.tokens
+        tree = self._with_chain_confidence(tree, depth_hidden, next_token_ids)
         choice = self.budget_policy.choose(tree)
         self.budget_report.record(choice, self.budget_policy)
         self.tree_step.hand_over(list(req_ids), choice.tree, chains=variant == "chain")
         tokens = choice.tree.tokens.tolist()
         self.budget_policy.record_drafting(True, (time.perf_counter() - started) * 1e3)
         return [row[:count] for row, count in zip(tokens, choice.counts)]
+
+    def _with_chain_confidence(self, tree: DraftTree, depth_hidden: torch.Tensor,
+                               root_tokens: torch.Tensor) -> DraftTree:
+        """With a DSpark confidence head: the tree's acceptance estimate (its scores) moved
+        to the head's chain survival (``tree.budget.with_confidence``)."""
+        if not getattr(self.model, "has_confidence_head", False):
+            return tree
+        leaders, _ = depth_leaders(tree, depth_hidden.shape[1])
+        previous = torch.cat([root_tokens.view(-1, 1).to(leaders.dtype), leaders[:, :-1]], 1)
+        return with_confidence(tree, self.model.chain_confidence(depth_hidden, previous))
 
     def _drafts_this_step(self) -> bool:
         """The adaptive budget's call (always True without it); every tensor-parallel rank

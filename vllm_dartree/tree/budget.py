@@ -63,6 +63,35 @@ def node_acceptance(tree: DraftTree, depth_scale: torch.Tensor) -> torch.Tensor:
     return spread.amin(dim=2) * tree.valid
 
 
+def depth_leaders(tree: DraftTree, num_depths: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[R, D] token and path log-prob of each depth's most likely node (-inf: no node)."""
+    depth = torch.arange(1, num_depths + 1, device=tree.depths.device)
+    at_depth = (tree.depths.unsqueeze(2) == depth) & tree.valid.unsqueeze(2)  # [R, B, D]
+    scores = torch.where(at_depth, tree.scores.float().unsqueeze(2),
+                         torch.full_like(at_depth, float("-inf"), dtype=torch.float32))
+    best, column = scores.max(dim=1)
+    return tree.tokens.gather(1, column), best
+
+
+def with_confidence(tree: DraftTree, survival: torch.Tensor) -> DraftTree:
+    """The tree with its scores moved so that each depth's most likely node carries a
+    confidence head's chain survival, its siblings and cousins keeping their ratio to it.
+
+    ``survival`` [R, D] is the head's probability that the chain's node at depth d is
+    accepted given depth d - 1 was (DSpark's per-slot confidence); the chain is taken as
+    each depth's most likely node. Only the acceptance estimate changes: the nodes, their
+    order within the tree and what is verified stay the drafter's.
+    """
+    num_depths = survival.shape[1]
+    _, best = depth_leaders(tree, num_depths)
+    log_survival = survival.float().clamp(min=1e-6, max=1.0).log().cumsum(dim=1)
+    shift = torch.where(torch.isfinite(best), log_survival - best, torch.zeros_like(best))
+    depth_index = (tree.depths.clamp(min=1, max=num_depths) - 1)
+    moved = tree.scores.float() + shift.gather(1, depth_index)
+    return DraftTree(tree.tokens, tree.parents, tree.depths, tree.num_nodes, tree.valid,
+                     torch.where(tree.valid, moved, tree.scores.float()), tree.max_depth)
+
+
 def priority_order(tree: DraftTree, acceptance: torch.Tensor) -> tuple[DraftTree, torch.Tensor]:
     """Each request's nodes sorted by (acceptance desc, depth asc); padding last.
 
@@ -418,7 +447,9 @@ __all__ = [
     "StepCostModel",
     "best_node_count",
     "counts_of_top",
+    "depth_leaders",
     "node_acceptance",
     "priority_order",
     "reorder",
+    "with_confidence",
 ]
