@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from vllm_dartree.tree.types import DraftTree, ancestor_mask
+from vllm_dartree.tree.types import DraftTree, ancestor_mask, reorder
 
 
 # ------------------------------------------------------------------- node acceptance
@@ -104,23 +104,6 @@ def priority_order(tree: DraftTree, acceptance: torch.Tensor) -> tuple[DraftTree
     order = by_depth.gather(1, key.gather(1, by_depth).argsort(dim=1, descending=True,
                                                                   stable=True))
     return reorder(tree, order), acceptance.gather(1, order)
-
-
-def reorder(tree: DraftTree, order: torch.Tensor) -> DraftTree:
-    """The tree with new column j holding old column ``order[:, j]`` (a topological order)."""
-    num_requests, budget = order.shape
-    new_index = torch.zeros(num_requests, 1 + budget, dtype=torch.int64, device=order.device)
-    new_index.scatter_(1, order + 1, torch.arange(1, budget + 1, device=order.device)
-                       .expand_as(order).contiguous())
-    return DraftTree(
-        tokens=tree.tokens.gather(1, order),
-        parents=new_index.gather(1, tree.parents.gather(1, order)),
-        depths=tree.depths.gather(1, order),
-        num_nodes=tree.num_nodes,
-        valid=tree.valid.gather(1, order),
-        scores=tree.scores.gather(1, order),
-        max_depth=tree.max_depth,
-    )
 
 
 # ---------------------------------------------------------------------- selection
@@ -450,6 +433,5 @@ __all__ = [
     "depth_leaders",
     "node_acceptance",
     "priority_order",
-    "reorder",
     "with_confidence",
 ]

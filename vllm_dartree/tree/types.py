@@ -150,13 +150,22 @@ def depth_first(tree: DraftTree) -> DraftTree:
     node_at = torch.empty_like(tree.parents)  # new column -> old column
     node_at.scatter_(1, rank[:, 1:] - 1, torch.arange(tree.budget, device=device)
                      .expand_as(node_at).contiguous())
+    return reorder(tree, node_at)
+
+
+def reorder(tree: DraftTree, order: torch.Tensor) -> DraftTree:
+    """The tree with new column j holding old column ``order[:, j]`` (a topological order)."""
+    num_requests, budget = order.shape
+    new_index = torch.zeros(num_requests, 1 + budget, dtype=torch.int64, device=order.device)
+    new_index.scatter_(1, order + 1, torch.arange(1, budget + 1, device=order.device)
+                       .expand_as(order).contiguous())
     return DraftTree(
-        tokens=tree.tokens.gather(1, node_at),
-        parents=rank.gather(1, tree.parents.gather(1, node_at)),
-        depths=tree.depths.gather(1, node_at),
+        tokens=tree.tokens.gather(1, order),
+        parents=new_index.gather(1, tree.parents.gather(1, order)),
+        depths=tree.depths.gather(1, order),
         num_nodes=tree.num_nodes,
-        valid=tree.valid.gather(1, node_at),
-        scores=tree.scores.gather(1, node_at),
+        valid=tree.valid.gather(1, order),
+        scores=tree.scores.gather(1, order),
         max_depth=tree.max_depth,
     )
 
