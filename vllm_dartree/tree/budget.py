@@ -255,23 +255,21 @@ class DepthCalibration:
 
     ``predicted[d]`` sums exp(path log-prob) of the verified nodes at depth d, ``observed[d]``
     counts the requests whose accepted path reached depth d. Both stay on the device (no
-    host sync per step); c[d] starts at ``prior`` (1: trust the drafter) and moves toward
-    the observed ratio as evidence accumulates (``pseudo`` nodes of prior weight).
+    host sync per step); c[d] starts at 1 (trust the drafter) and moves toward the observed
+    ratio as evidence accumulates (``pseudo`` nodes of prior weight).
     """
 
     def __init__(self, max_depth: int, device: torch.device, decay: float = 0.99,
-                 pseudo: float = 4.0, prior: torch.Tensor | None = None) -> None:
+                 pseudo: float = 4.0) -> None:
         self.decay = decay
         self.pseudo = pseudo
-        self.prior = (torch.ones(max_depth + 1, device=device) if prior is None
-                      else prior.to(device))
         self.predicted = torch.zeros(max_depth + 1, device=device)
         self.observed = torch.zeros(max_depth + 1, device=device)
 
     def scale(self) -> torch.Tensor:
         """[D + 1] c[d] (index = depth; index 0 unused)."""
         weight = self.predicted + self.pseudo
-        return (self.observed + self.pseudo * self.prior) / weight
+        return (self.observed + self.pseudo) / weight
 
     def update(self, tree: DraftTree, num_accepted: torch.Tensor) -> None:
         """One verified step: ``tree`` as verified (valid = scheduled), ``num_accepted`` [R]
@@ -289,18 +287,17 @@ class DepthCalibration:
     def error(self) -> float:
         """Mean |predicted * c - observed| / observed over depths with evidence, using the
         current scales on the accumulated sums: 0 when calibrated (host read)."""
-        seen = self.observed[1:] > 0.5
-        if not bool(seen.any()):
-            return 0.0
-        gap = (self.predicted[1:] * self.scale()[1:] - self.observed[1:]).abs()
-        return float((gap[seen] / self.observed[1:][seen]).mean())
+        return self._relative_error(self.scale()[1:])
 
     def raw_error(self) -> float:
         """The same with c = 1: how far the drafter's own probabilities are off."""
+        return self._relative_error(1.0)
+
+    def _relative_error(self, scale: torch.Tensor | float) -> float:
         seen = self.observed[1:] > 0.5
         if not bool(seen.any()):
             return 0.0
-        gap = (self.predicted[1:] - self.observed[1:]).abs()
+        gap = (self.predicted[1:] * scale - self.observed[1:]).abs()
         return float((gap[seen] / self.observed[1:][seen]).mean())
 
 
