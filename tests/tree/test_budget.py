@@ -253,20 +253,50 @@ def costly_drafting_policy() -> AdaptiveBudget:
 def test_drafting_backs_off_while_no_tree_pays_and_probes_in_between():
     policy, tree = costly_drafting_policy(), random_trees(4)
     decisions = []
-    assert policy.should_draft()
+    assert policy.should_draft(3)
     for _ in range(4):
         policy.choose(tree)  # a drafted step: its tree does not pay
         skipped = 0
-        while not policy.should_draft():  # the first True is the next drafted probe
+        while not policy.should_draft(3):  # the first True is the next drafted probe
             skipped += 1
         decisions.append(skipped)
     assert decisions == [2, 4, 8, 8]
 
 
+def step_cost_policy(ms_per_step: float) -> AdaptiveBudget:
+    """Like :func:`costly_drafting_policy` with a fixed ``ms_per_step`` on top: the larger it
+    is, the more a tree's extra tokens per step are worth."""
+    policy = AdaptiveBudget(max_depth=5, device=torch.device("cpu"), probe_steps=0,
+                            probe_every=0, off_steps=2, max_off_steps=8)
+    for i in range(60):
+        requests = 1 + i % 3
+        drafted, nodes = i % 4 != 0, (i * 5) % (4 * requests)
+        draft_ms = 10.0 * requests if drafted else 1.0
+        policy.record_drafting(drafted, draft_ms)
+        policy.observe_step(requests, requests + nodes, nodes,
+                            ms_per_step + draft_ms + 30.0 * (requests + nodes))
+    return policy
+
+
+def test_a_pause_ends_early_when_the_batch_shrinks_to_where_trees_pay():
+    policy = step_cost_policy(ms_per_step=40.0)
+    policy.choose(random_trees(4, requests=3))  # 3 requests: the tree does not pay
+    assert not policy.should_draft(3)
+    assert not policy.should_draft(4)  # more requests: trees pay even less
+    assert policy.should_draft(1)  # one request: the step's fixed cost dominates
+
+
+def test_a_pause_stays_when_the_smaller_batch_still_does_not_pay():
+    policy = costly_drafting_policy()
+    policy.choose(random_trees(4))
+    assert not policy.should_draft(2)
+    assert not policy.should_draft(1)
+
+
 def test_drafting_stays_on_when_trees_pay():
     policy, tree = trained_policy(ms_per_row=0.0), random_trees(5)
     for _ in range(5):
-        assert policy.should_draft()
+        assert policy.should_draft(5)
         policy.choose(tree)
 
 

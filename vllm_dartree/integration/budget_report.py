@@ -85,11 +85,11 @@ class BudgetReport:
             self._metrics[2].set(error)
         logger.info(
             "dartree budget: %.2f nodes/request over %d drafted steps (%.0f%% without a tree), "
-            "%d steps not drafted, width %d, calibration error %.2f (uncalibrated %.2f), step cost (ms) %s",
+            "%d steps not drafted, width %d, calibration error %.2f (uncalibrated %.2f), "
+            "delivered/promised tokens %.2f, step cost (ms) %s",
             self.nodes / max(self.requests, 1), self.steps,
             100 * self.steps_without_tree / max(self.steps, 1), self.steps_without_drafting,
-            self.width, error, raw,
-            policy.cost.describe())
+            self.width, error, raw, policy.gain_scale, policy.cost.describe())
 
 
 def _metrics():

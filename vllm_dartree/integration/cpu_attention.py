@@ -190,11 +190,11 @@ def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
     _, kv_heads, head, block = keys.shape
     width = num_blocks * block
     index = plan.blocks.view(-1)
-    # [T * nblk, kvh, D, block] -> [T, kvh, nblk * block, D] (one copy each)
-    k = keys.index_select(0, index).view(num_req, num_blocks, kv_heads, head, block)
-    k = k.permute(0, 2, 1, 4, 3).reshape(num_req, kv_heads, width, head)
-    v = values.index_select(0, index).view(num_req, num_blocks, kv_heads, block, head)
-    v = v.permute(0, 2, 1, 3, 4).reshape(num_req, kv_heads, width, head)
+    # One gather each, read through [blocks, block, kvh, D] views of the pages, so the
+    # copy lands token-major; [T, L, kvh, D] -> [T, kvh, L, D] is then a free transpose.
+    k = keys.permute(0, 3, 1, 2).index_select(0, index)
+    v = values.transpose(1, 2).index_select(0, index)
+    k, v = (t.view(num_req, width, kv_heads, head).transpose(1, 2) for t in (k, v))
     q = query[plan.seg_rows].transpose(1, 2)  # [T, H, Q, D]
     out = torch.nn.functional.scaled_dot_product_attention(
         q.float(), k.float(), v.float(), attn_mask=plan.bias, scale=scale,

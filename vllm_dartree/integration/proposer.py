@@ -118,12 +118,11 @@ class DARTreeProposer(DFlashProposer):
                 num_rejected_tokens_gpu=None, slot_mappings=None) -> torch.Tensor:
         started = time.perf_counter()
         target_hidden_states = self.tree_step.draft_context(target_hidden_states)
-        if not self._drafts_this_step():
-            # Context only: the drafter still sees every committed token, no block is
+        if not self._drafts_this_step(next_token_ids.shape[0]):
+            # Context only: the drafter's KV still gets every committed token, no block is
             # queried, and the next step verifies nothing (plain decoding).
-            self._draft_block(target_token_ids, target_positions, target_hidden_states,
-                              next_token_ids, common_attn_metadata, num_rejected_tokens_gpu,
-                              mask_slots=0)
+            self._store_context(target_token_ids, target_positions, target_hidden_states,
+                                next_token_ids, common_attn_metadata, num_rejected_tokens_gpu)
             self.budget_policy.record_drafting(False, (time.perf_counter() - started) * 1e3)
             return [[] for _ in range(next_token_ids.shape[0])]
         with StepProfile.phase("drafter_forward", self.device):
@@ -174,30 +173,40 @@ class DARTreeProposer(DFlashProposer):
         previous = torch.cat([root_tokens.view(-1, 1).to(leaders.dtype), leaders[:, :-1]], 1)
         return with_confidence(tree, self.model.chain_confidence(depth_hidden, previous))
 
-    def _drafts_this_step(self) -> bool:
+    def _drafts_this_step(self, num_requests: int) -> bool:
         """The adaptive budget's call (always True without it); every tensor-parallel rank
         takes rank 0's, since the drafter's forward and logits run collectives."""
         policy = self.budget_policy
         if policy is None:
             return True
-        drafting = same_on_every_rank(policy.should_draft())
+        drafting = same_on_every_rank(policy.should_draft(num_requests))
         if not drafting:
             self.budget_report.record_no_drafting()
         return drafting
 
-    def _draft_block(self, target_token_ids, target_positions, target_hidden_states,
-                     next_token_ids, cad, num_rejected_tokens_gpu,
-                     mask_slots: int | None = None) -> torch.Tensor:
-        """One drafter forward over [root, mask x (block-1)]: hidden state per depth [R, D, H].
-        ``mask_slots=0`` queries the root only (the context still goes into the drafter)."""
-        self.num_speculative_tokens = (self.layout.block_size - 1 if mask_slots is None
-                                       else mask_slots)  # mask slots per request
+    def _lay_out(self, target_token_ids, target_positions, target_hidden_states,
+                 next_token_ids, cad, num_rejected_tokens_gpu, mask_slots: int):
+        """vLLM's DFlash input layout for this step: the context (every token the target
+        computed) and a query of [root, mask x ``mask_slots``] per request. Returns the
+        query's token count and attention metadata."""
+        self.num_speculative_tokens = mask_slots  # vLLM's DFlash reads it as the mask count
         context = self.model.combine_hidden_states(target_hidden_states)
         num_tokens, _, draft_cad = self.set_inputs_first_pass(
             target_token_ids=target_token_ids, next_token_ids=next_token_ids,
             target_positions=target_positions, target_hidden_states=context,
             token_indices_to_sample=None, cad=cad, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
         )
+        return num_tokens, draft_cad
+
+    def _store_context(self, *step_inputs) -> None:
+        """A step that does not draft: its committed tokens' K/V go into the drafter's cache
+        (so a later block sees them) and no query runs (its output would be unused)."""
+        num_tokens, _ = self._lay_out(*step_inputs, mask_slots=0)
+        self.build_model_inputs_first_pass(num_tokens, num_tokens, None)  # writes context K/V
+
+    def _draft_block(self, *step_inputs) -> torch.Tensor:
+        """One drafter forward over [root, mask x (block-1)]: hidden state per depth [R, D, H]."""
+        num_tokens, draft_cad = self._lay_out(*step_inputs, mask_slots=self.layout.block_size - 1)
         _, per_layer = self.build_per_group_and_layer_attn_metadata(draft_cad)
         mode, num_input_tokens, across_dp = self._determine_batch_execution_and_padding(num_tokens)
         kwargs, slot_size = self.build_model_inputs_first_pass(num_tokens, num_input_tokens, None)

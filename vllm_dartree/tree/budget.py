@@ -22,11 +22,20 @@ path score); n* = 0 means plain decoding for the step.
 Drafting itself costs (D: the drafter's block, its logits, the tree; timed directly),
 so after each drafted step the policy also asks whether its choice beats not drafting:
 
-    keep drafting iff  smoothed E(n*) / T(n*)  >=  0.97 * R / T(0, no drafting)
+    keep drafting iff  smoothed (R + g * (E(n*) - R)) / T(n*)  >=  1.05 * R / T(0, no drafting)
+
+g is the tokens the verified trees delivered beyond R over the tokens E promised
+(exponentially weighted): the per-depth calibration fits the drafter's raw probabilities,
+while E adds them up along prefix-closed selections, so the sum keeps an error of its own.
+The 5% margin covers what the step-time model misses near a tie: a tree that only matches
+plain decoding loses to it once its variance and probes are paid.
 
 A step that does not draft still feeds the drafter its context (so later drafts see
 every committed token) but queries no block; such steps repeat with a doubling back-off
-(``off_steps`` .. ``max_off_steps``) between single drafted probes.
+(``off_steps`` .. ``max_off_steps``) between single drafted probes. A pause ends early
+when the batch has shrunk below the size at which drafting stopped and the cost model,
+with the gain and tree size per request last seen, predicts that a tree now pays (with
+fewer requests each step's fixed cost weighs more).
 
 Each request's nodes are put in priority order (:func:`priority_order`), so that any
 prefix of columns is a subtree: the chosen count of a request is just how many of its
@@ -324,10 +333,12 @@ class AdaptiveBudget:
 
     PROBE_FRACTIONS = (1.0, 0.0, 0.5, 0.25, 0.75)
     rate_smoothing = 0.8
-    hysteresis = 0.03
+    required_gain = 1.05  # a drafted step must promise this much more than plain decoding
+    gain_decay = 0.95  # forgetting of the delivered/promised token sums
+    gain_pseudo = 2.0  # tokens of prior weight on g = 1
 
     def __init__(self, max_depth: int, device: torch.device, probe_steps: int = 5,
-                 probe_every: int = 100, off_steps: int = 4, max_off_steps: int = 64) -> None:
+                 probe_every: int = 100, off_steps: int = 4, max_off_steps: int = 256) -> None:
         self.cost = StepCostModel()
         self.calibration = DepthCalibration(max_depth, device)
         self.probe_steps = probe_steps
@@ -338,16 +349,32 @@ class AdaptiveBudget:
         self._off_left = 0  # steps still to skip drafting
         self._rate: float | None = None  # smoothed predicted tokens/ms of drafted steps
         self._backoff = off_steps
+        self._stopped_at = 0  # batch size when drafting last stopped
+        self._last_tree = (0.0, 0.0)  # gain (tokens beyond R) and nodes per request, then
+        self._promised = torch.zeros((), device=device)  # EW sums: tokens beyond R that
+        self._delivered = torch.zeros((), device=device)  # E promised / verification gave
+        self._pending: torch.Tensor | None = None  # the last choice's promise, until verified
+        self.gain_scale = 1.0  # g (host copy, read with each choice)
         self._drafted = False  # whether the current step drafted
         self._draft_ms = 0.0  # and how long the proposer took
 
     # ---- drafting on or off ----------------------------------------------------------
-    def should_draft(self) -> bool:
-        """Whether this step should draft trees for the next (rank 0 decides under TP)."""
+    def should_draft(self, requests: int) -> bool:
+        """Whether this step, with ``requests`` in its batch, should draft trees for the next
+        (rank 0 decides under TP)."""
+        if self._off_left > 0 and requests < self._stopped_at and self._pays_at(requests):
+            self._off_left = 0  # the load dropped: probe now (the back-off keeps growing)
         if self._off_left > 0:
             self._off_left -= 1
             return False
         return True
+
+    def _pays_at(self, requests: int) -> bool:
+        """Whether the last tree seen, per request, would pay with ``requests`` in a step."""
+        gain, nodes = self._last_tree
+        tree_ms = float(self.cost.predict(requests, round(nodes * requests)))
+        plain_ms = float(self.cost.predict(requests, 0, drafting=False))
+        return plain_ms > 0 and (1 + gain) / tree_ms >= self.required_gain / plain_ms
 
     def record_drafting(self, drafted: bool, ms: float) -> None:
         """What this step's proposer did (after the ranks agreed) and its wall time, for the
@@ -358,9 +385,7 @@ class AdaptiveBudget:
         """After a drafted step: keep drafting, or back off (doubling) while it does not pay.
 
         The drafted steps' predicted rate is smoothed (``rate_smoothing``; the first drafted
-        step after a pause starts it afresh) and must fall ``hysteresis`` below the plain
-        rate to stop drafting: a near tie would otherwise flip every few steps, and every
-        switch costs a step that drafts without verifying or verifies without drafting.
+        step after a pause starts it afresh), so one unlucky tree does not stop drafting.
         """
         if self.steps <= self.probe_steps:
             self._off_left = int(self.steps % 5 == 0)  # start-up: sample a step without
@@ -369,15 +394,18 @@ class AdaptiveBudget:
         plain_ms = float(self.cost.predict(requests, 0, drafting=False))
         if min(tree_ms, plain_ms) <= 0:
             return
-        rate = expected / tree_ms
+        gain = self.gain_scale * (expected - requests)
+        self._last_tree = (gain / requests, nodes / requests)
+        rate = (requests + gain) / tree_ms
         fresh = self._rate is None
         self._rate = rate if fresh else (
             self.rate_smoothing * self._rate + (1 - self.rate_smoothing) * rate)
-        if self._rate >= (1 - self.hysteresis) * requests / plain_ms:
+        if self._rate >= self.required_gain * requests / plain_ms:
             self._backoff = self.off_steps
             return
         self._off_left = self._backoff
         self._backoff = min(2 * self._backoff, self.max_off_steps)
+        self._stopped_at = requests
         self._rate = None
 
     # ---- which nodes -------------------------------------------------------------------
@@ -400,9 +428,13 @@ class AdaptiveBudget:
                 chosen = (chosen + -(-total // 4)).clamp(max=total) if probe else chosen * 0
         counts = counts_of_top(acceptance, chosen, ordered.valid)
         kept = torch.arange(budget, device=counts.device) < counts.unsqueeze(1)
-        expected = num_requests + (acceptance * kept).sum()
-        host = torch.cat([counts.to(torch.float64), expected.to(torch.float64).view(1)])
-        *counts_host, expected_host = host.tolist()  # the one host read of the step
+        promised = (acceptance * kept).sum()
+        self._pending = promised
+        gain = (self._delivered + self.gain_pseudo) / (self._promised + self.gain_pseudo)
+        host = torch.cat([counts.to(torch.float64),
+                          torch.stack([promised, gain]).to(torch.float64)])
+        *counts_host, promised_host, self.gain_scale = host.tolist()  # the step's host read
+        expected_host = num_requests + promised_host
         counts_host = [int(c) for c in counts_host]
         nodes = sum(counts_host)
         self.steps += 1
@@ -417,7 +449,13 @@ class AdaptiveBudget:
         return self.cost.observe(requests, rows, nodes, ms, drafted, draft_ms)
 
     def observe_acceptance(self, tree: DraftTree, num_accepted: torch.Tensor) -> None:
+        """The verified trees of the last choice and their path lengths (root included)."""
         self.calibration.update(tree, num_accepted)
+        if self._pending is not None:
+            decay = self.gain_decay
+            self._promised = decay * self._promised + self._pending
+            self._delivered = decay * self._delivered + (num_accepted - 1).clamp(min=0).sum()
+            self._pending = None
 
 
 __all__ = [
