@@ -293,6 +293,22 @@ def test_a_pause_stays_when_the_smaller_batch_still_does_not_pay():
     assert not policy.should_draft(1)
 
 
+def test_delivered_over_promised_tokens_scale_the_promise():
+    """g = (delivered + 2) / (promised + 2) over the verified choices (decay 0.95)."""
+    policy, tree = trained_policy(ms_per_row=0.0), random_trees(5)
+    first = policy.choose(tree)
+    assert policy.gain_scale == 1.0  # nothing verified yet
+    promised = first.expected_tokens - 3
+    # Every request accepted one node more than the root: 3 tokens beyond R delivered.
+    policy.observe_acceptance(first.tree, torch.tensor([2, 2, 2]))
+    second = policy.choose(tree)
+    assert policy.gain_scale == pytest.approx((3 + 2) / (promised + 2), rel=1e-5)
+    policy.observe_acceptance(second.tree, torch.tensor([1, 1, 1]))  # nothing accepted
+    policy.choose(tree)
+    promised_sum = 0.95 * promised + (second.expected_tokens - 3)
+    assert policy.gain_scale == pytest.approx((0.95 * 3 + 2) / (promised_sum + 2), rel=1e-5)
+
+
 def test_drafting_stays_on_when_trees_pay():
     policy, tree = trained_policy(ms_per_row=0.0), random_trees(5)
     for _ in range(5):
