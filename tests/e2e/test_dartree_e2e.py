@@ -122,8 +122,8 @@ def test_near_max_model_len_and_chunked_prefill(engines, tiny_target, tiny_domin
 
 def test_one_request_reaching_max_model_len_while_others_decode(engines, tiny_target,
                                                                tiny_domino):
-    """Near max_model_len vLLM skips drafting for the whole batch; the last tree step's
-    state must not reach a later step (output identical, no crash)."""
+    """Near max_model_len the long request's trees are cut to the rows that fit (down to
+    none) while the others keep drafting; output identical, no crash."""
     prompts = (random_prompts(1, VOCAB, seed=41, min_len=100, max_len=100)
                + random_prompts(5, VOCAB, seed=42, min_len=4, max_len=10))
     engine = {"max_model_len": 160, "max_num_seqs": 8, "max_num_batched_tokens": 512}

@@ -82,3 +82,62 @@ def test_trees_beat_chains_on_the_trained_pair(measured):
     acceptance = {name: value for name, (_, value, _) in measured.items()}
     assert acceptance["pruned"] > acceptance["domino"] > acceptance["dflash"], acceptance
     assert acceptance["fixed"] > acceptance["domino"], acceptance
+
+
+@pytest.fixture(scope="module")
+def near_limit_prompts(pair):
+    """Five short requests and one whose 100-token prompt runs into max_model_len 160."""
+    vocab = json.loads((pair[0] / "config.json").read_text())["vocab_size"]
+    return (random_prompts(5, vocab, seed=42, min_len=4, max_len=10),
+            random_prompts(1, vocab, seed=41, min_len=100, max_len=100))
+
+
+NEAR_LIMIT = {"max_model_len": 160, "max_num_seqs": 8, "max_num_batched_tokens": 512}
+
+
+def drafter_query_blocks(monkeypatch) -> list[tuple[set[int], set[int], int]]:
+    """Record, for every drafter query block the forward writes, (KV blocks its slots write
+    to, blocks its request owns, its last position) per request."""
+    from vllm_dartree.integration.proposer import DARTreeProposer
+
+    seen = []
+    get_slot_mapping = DARTreeProposer._get_slot_mapping
+
+    def recording(self, num_tokens, slot_mapping=None):
+        table = self.target_runner.input_batch.block_table[0]
+        block = self.layout.block_size
+        slots = slot_mapping[:num_tokens].view(-1, block)
+        for row, request_slots in enumerate(slots.tolist()):
+            owned = set(table.block_table.np[row, : table.num_blocks_per_row[row]].tolist())
+            written = {s // table.block_size for s in request_slots if s >= 0}
+            seen.append((written, owned, int(self.positions[(row + 1) * block - 1])))
+        return get_slot_mapping(self, num_tokens, slot_mapping)
+
+    monkeypatch.setattr(DARTreeProposer, "_get_slot_mapping", recording)
+    return seen
+
+
+@pytest.mark.parametrize("budget", [6, 24])
+def test_a_request_near_max_model_len_leaves_the_others_drafting(monkeypatch, engines, pair,
+                                                                 near_limit_prompts, budget):
+    """The request near the limit gets a tree that fits; the batch keeps drafting, the
+    other requests' acceptance is what it is without that request, and no drafter query
+    writes K/V outside its own request's blocks (B below the block included)."""
+    short, long = near_limit_prompts
+    sampling = greedy(max_tokens=120)
+    expected = generate_ids(engines.get(model=str(pair[0]), **NEAR_LIMIT), long + short, sampling)
+    assert len(long[0]) + len(expected[0]) == 160  # the long request hits the limit
+    spec = {"method": "dartree", "model": str(pair[1]), "num_speculative_tokens": budget,
+            "width": 4, "top_k": 8}
+    queries = drafter_query_blocks(monkeypatch)
+    acceptance = {}
+    for name, prompts in (("alone", short), ("beside the long one", long + short)):
+        llm = engines.get(model=str(pair[0]), **NEAR_LIMIT, speculative_config=spec)
+        output = generate_ids(llm, prompts, sampling)
+        assert output == (expected[1:] if name == "alone" else expected)
+        acceptance[name] = _mean_acceptance(llm)
+        engines.close()  # the next run starts from fresh counters
+    assert acceptance["beside the long one"] >= 0.9 * acceptance["alone"], acceptance
+    assert queries and all(written <= owned for written, owned, _ in queries)
+    # Queries reached past the limit (so the cut really happened) and wrote nothing there.
+    assert max(position for _, _, position in queries) >= 160

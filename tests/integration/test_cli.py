@@ -18,6 +18,21 @@ def test_cli_rejects_unknown_commands():
     assert out.returncode == 2 and "invalid choice: 'serv'" in out.stderr
 
 
+@pytest.mark.parametrize(("args", "policy"), [
+    (["serve", "m", "--speculative-config", '{"method": "dartree", "budget_policy": "adaptive"}'],
+     "adaptive"),
+    (["serve", "m", '--speculative-config={"budget_policy": "fixed"}'], "fixed"),
+    (["serve", "m", "-sc", '{"method": "dartree"}'], None),
+    (["serve", "m", "--speculative-config", "not json"], None),
+    (["serve", "adaptive", "--served-model-name", '"adaptive"'], None),
+    (["serve", "m", "--speculative-config"], None),
+])
+def test_the_launcher_reads_the_budget_policy_from_the_speculative_config(args, policy):
+    from vllm_dartree.integration.launcher import requested_budget_policy
+
+    assert requested_budget_policy(args) == policy
+
+
 @pytest.mark.e2e
 def test_serve_answers_completions_and_chat():
     model = write_target(TargetSpec(with_tokenizer=True))

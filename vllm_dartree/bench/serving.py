@@ -1,8 +1,10 @@
 """Concurrency mode: one OpenAI server per method, C concurrent clients on loopback.
 
 Each method gets its own ``vllm-dartree serve`` process (same engine settings as the
-in-process run, ``--max-num-seqs`` = the largest C), used for every dataset and C. For every
-dataset and C, ``max(2C, #prompts)`` requests (first turns of that dataset's samples, chat
+in-process run, ``--max-num-seqs`` = the largest C), used for every dataset and C. All
+servers run side by side (an idle one waits on its queue) and the methods are measured in
+turn at each dataset and C, so the ratios of one C come from minutes, not from an hour
+of a shared machine's drift. For every dataset and C, ``max(2C, #prompts)`` requests (first turns of that dataset's samples, chat
 template applied here and sent as token ids to ``/v1/completions``) are sent by C client
 threads; aggregate completion tokens/s = completion tokens / wall time, speedup = method
 tokens/s / AR tokens/s at that dataset and C (the paper's Table 4). At T = 0 every
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from itertools import cycle, islice
 from typing import Any
 
@@ -80,26 +83,37 @@ def measure(base: str, prompts: list[list[int]], concurrency: int, config: Any) 
             "texts": [text for _, _, text in done]}
 
 
-def run_method(config: Any, method: str, prompts: dict[str, list[list[int]]], max_len: int,
-               has_tokenizer: bool) -> list[dict[str, Any]]:
+def start_server(stack: ExitStack, config: Any, method: str, first_prompt: list[int],
+                 max_len: int, has_tokenizer: bool) -> str:
+    """Start (and warm up) ``method``'s server inside ``stack``; returns its base URL."""
     spec = speculative_config(method, config.drafter_of(method), config.tree)
     args = server_args(config, max_len, max(config.concurrency), spec, has_tokenizer)
-    first = next(iter(prompts.values()))[0]
-    with running_server(config.target, *args, served_name=SERVED_NAME,
-                        log_name=f"bench_serve_{method.replace(':', '_')}.log") as base:
-        http_json(base + "/v1/completions", request_body(first, config, 0) | {
-            "max_tokens": 4})  # warm-up
-        return [{"method": method, "dataset": dataset} | measure(base, group, c, config)
-                for dataset, group in prompts.items() for c in config.concurrency]
+    base = stack.enter_context(running_server(
+        config.target, *args, served_name=SERVED_NAME,
+        log_name=f"bench_serve_{method.replace(':', '_')}.log"))
+    http_json(base + "/v1/completions", request_body(first_prompt, config, 0) | {
+        "max_tokens": 4})  # warm-up
+    return base
 
 
 def run_concurrency(config: Any, builder: Any, samples: dict[str, list[Sample]],
                     max_len: int) -> list[dict[str, Any]]:
     prompts = {dataset: [builder.turn_ids(s, []) for s in group]
                for dataset, group in samples.items() if group}
+    first = next(iter(prompts.values()))[0]
     rows = []
-    for method in config.methods:
-        rows += run_method(config, method, prompts, max_len, builder.tokenizer is not None)
+    with ExitStack() as stack:
+        bases = {method: start_server(stack, config, method, first, max_len,
+                                      builder.tokenizer is not None)
+                 for method in config.methods}
+        for dataset, group in prompts.items():
+            for c in config.concurrency:
+                for method, base in bases.items():
+                    rows.append({"method": method, "dataset": dataset}
+                                | measure(base, group, c, config))
+                    if config.progress:
+                        print(f"serving {dataset} C={c} {method}: "
+                              f"{rows[-1]['tokens_per_s']:.1f} tok/s", flush=True)
     compare_with_ar(rows, greedy=config.temperatures[0] == 0)
     return rows
 

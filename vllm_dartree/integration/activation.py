@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 from vllm_dartree import METHOD_NAME
+from vllm_dartree.config import LAYOUT_ATTR, SETTINGS_ATTR
 from vllm_dartree.integration.patching import (
     ArchitectureOverride,
     BackendOverride,
@@ -25,7 +26,6 @@ from vllm_dartree.integration.patching import (
     installed_vllm_version,
 )
 
-SETTINGS_ATTR = "dartree"  # attribute of vLLM's SpeculativeConfig carrying DARTreeConfig
 ACTIVE_ENV = "VLLM_DARTREE_ACTIVE"
 SHORTCUT_FLAGS = (("--spec-method", "method", "spec_method"),
                   ("--spec-model", "model", "spec_model"),
@@ -138,6 +138,28 @@ class V1RunnerForDartree(VllmPatch):
         return property(use_v2_model_runner, doc=original.__doc__)
 
 
+class DrafterBlockLookahead(VllmPatch):
+    """Reserve KV slots for the drafter's whole query block.
+
+    vLLM reserves ``num_speculative_tokens + 1`` slots past the scheduled tokens for a
+    DFlash drafter, which queries that many. Ours queries the checkpoint's block (16) for
+    any budget B; with B < block - 1 the last queries would write K/V into block-table
+    entries the request does not own (stale ids of a row's earlier request, i.e. another
+    request's drafter cache). The scheduler and the warmup read this property."""
+
+    target = "vllm.config.vllm:VllmConfig"
+    attribute = "num_lookahead_tokens"
+
+    @classmethod
+    def replacement(cls, original):
+        def num_lookahead_tokens(self) -> int:
+            reserved = original.fget(self)
+            layout = getattr(getattr(self, "speculative_config", None), LAYOUT_ATTR, None)
+            return reserved if layout is None else max(reserved, layout.block_size)
+
+        return property(num_lookahead_tokens, doc=original.__doc__)
+
+
 class DrafterArchitecture(ArchitectureOverride):
     """vLLM's ``DFlashDraftModel`` architecture (``qwen3_dflash.DFlashQwen3ForCausalLM``)
     builds our subclass, which is the stock model for checkpoints without a Domino head."""
@@ -182,7 +204,8 @@ def dartree_touchpoints() -> list[type[TouchPoint]]:
     from vllm_dartree.integration.compat import CPU_DEFECT_FIXES
     from vllm_dartree.integration.runner import RUNNER_PATCHES, DFlashProposerGlobal
 
-    return [ActiveInEngineProcesses, V1RunnerForDartree, *CPU_DEFECT_FIXES,
+    return [ActiveInEngineProcesses, V1RunnerForDartree, DrafterBlockLookahead,
+            *CPU_DEFECT_FIXES,
             DrafterArchitecture, DSparkDrafterArchitecture, CpuTreeAttention, TritonTreeAttention,
             DFlashProposerGlobal, *RUNNER_PATCHES]
 
@@ -241,6 +264,7 @@ def build_dartree_speculative_config(engine_args, requested: dict, original,
                            target_model_config, parallel_config)
     expose_target_layers(speculative.draft_model_config.hf_config, layout)
     object.__setattr__(speculative, SETTINGS_ATTR, config)
+    object.__setattr__(speculative, LAYOUT_ATTR, layout)
     logger.info("vllm-dartree: tree=%s B=%d W=%d K=%d beta=%g budget=%s drafter=%s",
                 config.tree, config.budget, config.width, config.top_k,
                 config.effective_depth_bonus, config.budget_policy, config.model)

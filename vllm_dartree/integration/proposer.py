@@ -11,16 +11,17 @@ Acceptance is not here (``verifier.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
 from vllm.forward_context import set_forward_context
 from vllm.v1.spec_decode.dflash import DFlashProposer
+from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 
 from vllm_dartree.checkpoint import DrafterLayout
-from vllm_dartree.config import DARTreeConfig
+from vllm_dartree.config import LAYOUT_ATTR, SETTINGS_ATTR, DARTreeConfig
 from vllm_dartree.integration.budget_report import BudgetReport
-from vllm_dartree.integration.drafter_model import read_layout
 from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.step import TreeStep
 from vllm_dartree.integration.verify_plan import needs_chain_verification
@@ -28,8 +29,6 @@ from vllm_dartree.tree import DraftTree, build_tree, depth_first
 from vllm_dartree.tree.budget import AdaptiveBudget, depth_leaders, with_confidence
 from vllm_dartree.tree.build import capture_all_shapes
 from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size
-
-SETTINGS_ATTR = "dartree"  # attribute of vLLM's SpeculativeConfig holding DARTreeConfig
 
 
 def same_on_every_rank(decision: bool) -> bool:
@@ -52,13 +51,7 @@ class DARTreeProposer(DFlashProposer):
 
     def __init__(self, vllm_config, device, runner=None):
         spec = vllm_config.speculative_config
-        target = vllm_config.model_config
-        layout = read_layout(
-            spec.draft_model_config.hf_config,
-            target_vocab=target.get_vocab_size(),
-            target_hidden=target.get_hidden_size(),
-            target_layers=target.get_num_layers(vllm_config.parallel_config),
-        )
+        layout: DrafterLayout = getattr(spec, LAYOUT_ATTR)  # read and checked at config time
         # vLLM sizes the drafter's query buffers by num_speculative_tokens (B), but the
         # drafter queries a whole block per request: size them for the larger of the two.
         budget = spec.num_speculative_tokens
@@ -207,6 +200,7 @@ class DARTreeProposer(DFlashProposer):
     def _draft_block(self, *step_inputs) -> torch.Tensor:
         """One drafter forward over [root, mask x (block-1)]: hidden state per depth [R, D, H]."""
         num_tokens, draft_cad = self._lay_out(*step_inputs, mask_slots=self.layout.block_size - 1)
+        draft_cad = self._fit_queries(num_tokens, draft_cad)
         _, per_layer = self.build_per_group_and_layer_attn_metadata(draft_cad)
         mode, num_input_tokens, across_dp = self._determine_batch_execution_and_padding(num_tokens)
         kwargs, slot_size = self.build_model_inputs_first_pass(num_tokens, num_input_tokens, None)
@@ -221,3 +215,15 @@ class DARTreeProposer(DFlashProposer):
         # Shift layout: slot j predicts position root+j+1 (16 depths for b16); non-shift
         # (z-lab): slot j >= 1 predicts its own position (15 depths).
         return out if self.layout.shift_label else out[:, 1:]
+
+    def _fit_queries(self, num_tokens: int, cad):
+        """The query block of a request near ``max_model_len``, cut at the model length:
+        queries past it write no K/V (its block-table row has no block there) and no query
+        attends to them. The other requests' queries are unchanged, and so are the depths
+        this request can still verify (the scheduler trims its tree to the rows that fit)."""
+        limit = self.max_model_len
+        cad.slot_mapping.masked_fill_(self.positions[:num_tokens] >= limit, PADDING_SLOT_ID)
+        upper = cad.seq_lens_cpu_upper_bound
+        return dataclasses.replace(
+            cad, seq_lens=cad.seq_lens.clamp(max=limit), max_seq_len=min(cad.max_seq_len, limit),
+            seq_lens_cpu_upper_bound=None if upper is None else upper.clamp(max=limit))

@@ -162,4 +162,28 @@ class TreeSampler(VllmPatch):
         return _sample
 
 
-RUNNER_PATCHES = (ProposerSwap, VerifyLayout, DepthPositions, TreeSampler)
+class DrafterFitsPerRequest(VllmPatch):
+    """Let a dartree drafter run whenever the step has drafter metadata.
+
+    vLLM skips drafting for the whole batch while any request is within the drafter's query
+    of ``max_model_len``; the skipped steps also leave the committed tokens' K/V out of the
+    drafter cache, so every request drafts worse afterwards. The dartree proposer instead
+    fits each request's query itself (``DARTreeProposer._fit_queries``), and the scheduler
+    trims a tree to the rows that fit (ancestors first, so the trimmed tree stays a tree)."""
+
+    target = RUNNER
+    attribute = "_input_fits_in_drafter"
+
+    @classmethod
+    def replacement(cls, original):
+        @functools.wraps(original)
+        def _input_fits_in_drafter(self, common_attn_metadata):
+            if tree_step_of(self) is None:
+                return original(self, common_attn_metadata)
+            return common_attn_metadata is not None
+
+        return _input_fits_in_drafter
+
+
+RUNNER_PATCHES = (ProposerSwap, VerifyLayout, DepthPositions, TreeSampler,
+                  DrafterFitsPerRequest)
