@@ -45,13 +45,13 @@ VLLM_PASSTHROUGH_KEYS = frozenset(
     }
 )
 
-# The V1 rejection-sampler contract caps a step at 128 draft slots, and the verify
-# rows are root + B; 127 keeps every buffer inside that contract.
 # Where a dartree engine's settings ride on vLLM's SpeculativeConfig (into every engine
 # process): the DARTreeConfig, and the drafter's DrafterLayout read once at config time.
 SETTINGS_ATTR = "dartree"
 LAYOUT_ATTR = "dartree_layout"
 
+# The V1 rejection-sampler contract caps a step at 128 draft slots, and the verify
+# rows are root + B; 127 keeps every buffer inside that contract.
 MAX_BUDGET = 127
 # Which variant reads which dartree-only knob; a knob given to a variant that ignores it
 # is an error, because nothing is silently ignored.

@@ -3,13 +3,14 @@
 Each method gets its own ``vllm-dartree serve`` process (same engine settings as the
 in-process run, ``--max-num-seqs`` = the largest C), used for every dataset and C. All
 servers run side by side (an idle one waits on its queue) and the methods are measured in
-turn at each dataset and C, so the ratios of one C come from minutes, not from an hour
-of a shared machine's drift. For every dataset and C, ``max(2C, #prompts)`` requests (first turns of that dataset's samples, chat
-template applied here and sent as token ids to ``/v1/completions``) are sent by C client
-threads; aggregate completion tokens/s = completion tokens / wall time, speedup = method
-tokens/s / AR tokens/s at that dataset and C (the paper's Table 4). At T = 0 every
-completion is compared with AR's for the same request (``mismatches``); ``drafts_per_step``
-is vLLM's draft tokens per verified request-step (the adaptive budget's chosen size).
+turn at each dataset and C, so the ratios of one C come from minutes, not from an hour of a
+shared machine's drift. For every dataset and C, ``max(2C, #prompts)`` requests (first turns
+of that dataset's samples, chat template applied here and sent as token ids to
+``/v1/completions``) are sent by C client threads; aggregate completion tokens/s =
+completion tokens / wall time, speedup = method tokens/s / AR tokens/s at that dataset and C
+(the paper's Table 4). At T = 0 every completion is compared with AR's for the same request
+(``mismatches``); ``drafts_per_step`` is vLLM's draft tokens per verified request-step (the
+adaptive budget's chosen size).
 """
 
 from __future__ import annotations

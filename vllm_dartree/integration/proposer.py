@@ -222,6 +222,8 @@ class DARTreeProposer(DFlashProposer):
         attends to them. The other requests' queries are unchanged, and so are the depths
         this request can still verify (the scheduler trims its tree to the rows that fit)."""
         limit = self.max_model_len
+        if cad.max_seq_len <= limit:  # host int, the block included: nothing reaches it
+            return cad
         cad.slot_mapping.masked_fill_(self.positions[:num_tokens] >= limit, PADDING_SLOT_ID)
         upper = cad.seq_lens_cpu_upper_bound
         return dataclasses.replace(
