@@ -109,7 +109,11 @@ def test_stops_and_lengths_cut_exactly(engines, tiny_target, tiny_domino, baseli
 
 
 def test_near_max_model_len_and_chunked_prefill(engines, tiny_target, tiny_domino):
-    """Long prompts prefilled in chunks, generation running into max_model_len."""
+    """Long prompts prefilled in chunks, generation running into max_model_len. Steps that
+    mix prefill chunks with tree verification (vLLM's kernel, then the tree rows) and steps
+    of tree rows only (the stock kernel skipped) both occur, and both are exact."""
+    from vllm_dartree.integration.profile import StepProfile
+
     prompts = random_prompts(6, VOCAB, seed=4, min_len=150, max_len=230)
     engine = {"max_model_len": 256, "max_num_seqs": 8, "max_num_batched_tokens": 128,
               "enable_chunked_prefill": True}
@@ -117,7 +121,11 @@ def test_near_max_model_len_and_chunked_prefill(engines, tiny_target, tiny_domin
     expected = generate_ids(engines.get(model=str(tiny_target), **engine), prompts, sampling)
     assert all(len(p) + len(o) == 256 for p, o in zip(prompts, expected))
     llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **engine)
-    assert generate_ids(llm, prompts, sampling) == expected
+    with StepProfile.recording() as rounds:
+        assert generate_ids(llm, prompts, sampling) == expected
+    trees = [r for r in rounds if r.get("tree_attention")]
+    assert any(r.get("stock_attention") for r in trees)  # mixed steps
+    assert any(not r.get("stock_attention") for r in trees)  # tree rows only
 
 
 def test_one_request_reaching_max_model_len_while_others_decode(engines, tiny_target,

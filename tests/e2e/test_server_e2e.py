@@ -156,6 +156,6 @@ def test_a_profiled_server_exposes_its_phases():
     rounds = _metric(metrics, 'vllm_dartree:phase_ms_count{phase="round"}')
     assert rounds > 0
     for phase in ("drafter_forward", "tree_build", "target_forward", "tree_attention",
-                  "accept"):
+                  "target_logits", "accept"):
         assert _metric(metrics, f'vllm_dartree:phase_ms_count{{phase="{phase}"}}') == rounds
     assert _metric(metrics, 'vllm_dartree:phase_ms_sum{phase="target_forward"}') > 0

@@ -79,11 +79,15 @@ def test_truncated_tree_keeps_a_topological_prefix():
     assert step.ancestors[0, 4].tolist() == [True, False, False, False, True, False]
 
 
-@pytest.mark.parametrize(("isa", "dtype"), [("vec16", torch.float32), ("vec16", torch.bfloat16),
-                                            ("vec", torch.float32)])
-def test_block_path_equals_the_element_path_and_a_naive_loop(isa, dtype):
+@pytest.mark.parametrize(("isa", "dtype", "all_rows"), [
+    ("vec16", torch.float32, False), ("vec16", torch.bfloat16, False),
+    ("vec", torch.float32, False), ("vec16", torch.float32, True),
+    ("vec16", torch.bfloat16, True),
+])
+def test_block_path_equals_the_element_path_and_a_naive_loop(isa, dtype, all_rows):
     """Tree attention through whole-block views equals the element-gather path and a naive
-    per-row softmax over prefix + ancestors, on caches written by vLLM's own op."""
+    per-row softmax over prefix + ancestors, on caches written by vLLM's own op: the rows
+    after each causal prefix, or (``all_rows``, the stock kernel skipped) every verify row."""
     from vllm import _custom_ops as ops
     from vllm.platforms import current_platform
 
@@ -116,7 +120,7 @@ def test_block_path_equals_the_element_path_and_a_naive_loop(isa, dtype):
     ops.cpu_attn_reshape_and_cache(keys, values, key_cache, value_cache, slots, isa,
                                    k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
     query = torch.randn(4 + sum(1 + n for n in drafts), heads, head, generator=gen).to(dtype)
-    gather = plan_tree_attention(plan, seq_lens, table, block)
+    gather = plan_tree_attention(plan, seq_lens, table, block, all_rows=all_rows)
     assert fast_layout(kv_cache, isa)
     rows, fast = tree_attention(query, kv_cache, isa, gather, head**-0.5)
     rows_el, by_elements = tree_attention_by_elements(query, kv_cache, isa, gather, head**-0.5)
@@ -131,8 +135,8 @@ def test_block_path_equals_the_element_path_and_a_naive_loop(isa, dtype):
     expected = {}
     for t, (prefix, n) in enumerate(zip(prefixes, drafts)):
         root = int(plan.root_row[t])
-        # Rows up to the causal prefix are left to the stock kernel (exact there).
-        for i in range(1 + int(plan.causal_rows[t]), 1 + n):
+        # Unless all_rows, rows up to the causal prefix are left to the stock kernel.
+        for i in range(0 if all_rows else 1 + int(plan.causal_rows[t]), 1 + n):
             cols = [j for j in range(1 + n) if plan.ancestors[t, i, j]]
             keep = list(range(prefix)) + [prefix + j for j in cols]
             k = keys[starts[t] + torch.tensor(keep)].float().repeat_interleave(3, dim=1)

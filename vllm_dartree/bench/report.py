@@ -139,7 +139,8 @@ def _concurrency_lines(rows: list[dict[str, Any]]) -> list[str]:
 PHASE_LABELS = {"drafter_forward": "drafter forward", "drafter_logits": "drafter logits",
                 "tree_build": "tree build", "target_forward": "target forward",
                 "stock_attention": "  stock attention", "tree_attention": "  tree attention",
-                "target_rest": "  rest of the forward", "accept": "sampling + acceptance",
+                "target_rest": "  rest of the forward", "target_logits": "target logits",
+                "accept": "sampling + acceptance",
                 "kv_compaction": "KV compaction", "host": "host / other",
                 "round": "round (total)"}
 
@@ -157,7 +158,7 @@ def profile_rows(results: dict[str, Any]) -> dict[str, dict[str, float]]:
         medians["target_rest"] = max(0.0, medians["target_forward"] - medians["stock_attention"]
                                      - medians["tree_attention"])
         counted = ("drafter_forward", "drafter_logits", "tree_build", "target_forward",
-                   "accept", "kv_compaction")
+                   "target_logits", "accept", "kv_compaction")
         medians["host"] = max(0.0, medians["round"] - sum(medians[k] for k in counted))
         medians["rounds"] = len(rounds)
         table[method] = medians

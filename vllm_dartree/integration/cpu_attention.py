@@ -3,8 +3,11 @@
 Once dartree is active, ``AttentionBackendEnum.CPU_ATTN`` in vLLM's backend registry names
 :class:`TreeCPUAttentionBackend` (``activation.CpuTreeAttention``, vLLM 0.32/0.33). Every
 row is computed by the stock kernel first; while a tree verify plan is active (set around
-the target forward only, ``tree_context``), the rows of tree requests are recomputed so that each node attends to the request's committed prefix
-plus its own ancestors, which is what the target would see had it decoded that branch.
+the target forward only, ``tree_context``), the rows of tree requests are recomputed so that
+each node attends to the request's committed prefix plus its own ancestors, which is what
+the target would see had it decoded that branch. A forward whose every token is a tree row
+(batch-1 decoding, or a decode batch of tree requests) skips the stock kernel and computes
+every row here.
 """
 
 from __future__ import annotations
@@ -127,8 +130,9 @@ def copy_kv_slots(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, 
 class TreeAttentionPlan:
     """Per-step gather indices and visibility, shared by every layer of the forward.
 
-    Only the Q rows per request after its causal prefix (``VerifyPlan.causal_rows``) are
-    recomputed: the stock kernel's causal answer is already exact for the others.
+    With ``all_rows`` false only the Q rows per request after its causal prefix
+    (``VerifyPlan.causal_rows``) are computed here: the stock kernel's causal answer is
+    already exact for the others. With ``all_rows`` every verify row is (root included).
     """
 
     seg_rows: torch.Tensor  # [T, Q] query row of each recomputed slot (padding: a real row)
@@ -145,10 +149,13 @@ class TreeAttentionPlan:
 
 
 def plan_tree_attention(plan: VerifyPlan, seq_lens: torch.Tensor, block_table: torch.Tensor,
-                        block_size: int) -> TreeAttentionPlan:
+                        block_size: int, all_rows: bool = False) -> TreeAttentionPlan:
     lengths = seq_lens[plan.batch_index].to(torch.int64)  # [T] prefix + 1 + n
     num_rows = 1 + plan.num_drafts
-    first = 1 + torch.minimum(plan.causal_rows, plan.num_drafts)  # first recomputed row
+    if all_rows:
+        first = torch.zeros_like(num_rows)
+    else:  # the first row after the causal prefix
+        first = 1 + torch.minimum(plan.causal_rows, plan.num_drafts)
     count = num_rows - first  # [T] rows to recompute
     width = int(count.max())  # a host read is free on a CPU
     slot = torch.arange(width)
@@ -233,9 +240,15 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         if plan is None or attn_metadata is None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                    output_scale, output_block_scale)
-        with StepProfile.phase("stock_attention"):
-            output = super().forward(layer, query, key, value, kv_cache, attn_metadata,
-                                     output, output_scale, output_block_scale)
+        # When every token of the forward is a tree row (a decode batch whose requests all
+        # verify trees), the tree path computes every row and the stock kernel is skipped:
+        # it would only read the prefix K/V once more for rows computed here anyway.
+        all_rows = (not plan.chains
+                    and plan.num_verify_rows == attn_metadata.num_actual_tokens)
+        if not all_rows:
+            with StepProfile.phase("stock_attention"):
+                output = super().forward(layer, query, key, value, kv_cache, attn_metadata,
+                                         output, output_scale, output_block_scale)
         if plan.chains:  # causal attention is already exact for chains
             return output
         if self._tree_unsupported:
@@ -243,7 +256,7 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
                 f"dartree tree verification on CPU does not support {self._tree_unsupported}"
             )
         with StepProfile.phase("tree_attention"):
-            gather = _layer_plan(plan, attn_metadata, kv_cache.shape[2])
+            gather = _layer_plan(plan, attn_metadata, kv_cache.shape[2], all_rows)
             if gather.empty:  # every verified row is on its request's causal prefix
                 return output
             rows, tree_out = tree_attention(
@@ -254,11 +267,12 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         return output
 
 
-def _layer_plan(plan: VerifyPlan, attn_metadata, block_size: int) -> TreeAttentionPlan:
+def _layer_plan(plan: VerifyPlan, attn_metadata, block_size: int, all_rows: bool
+                ) -> TreeAttentionPlan:
     """The gather plan for this forward's metadata, computed by the first layer and reused."""
-    key = ("cpu", id(plan), id(attn_metadata.block_table), block_size)
+    key = ("cpu", id(plan), id(attn_metadata.block_table), block_size, all_rows)
     return step_cached(key, lambda: plan_tree_attention(
-        plan, attn_metadata.seq_lens, attn_metadata.block_table, block_size))
+        plan, attn_metadata.seq_lens, attn_metadata.block_table, block_size, all_rows))
 
 
 def move_accepted_kv(accepted: AcceptedPaths,

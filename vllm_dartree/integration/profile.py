@@ -18,6 +18,9 @@ tree_build          candidates, correction head, selection (``tree.build_tree``)
 target_forward      the target's verify forward, whole (``_model_forward``)
 stock_attention     inside it: vLLM's attention kernel, every layer
 tree_attention      inside it: the tree rows recomputed, every layer
+target_logits       from the forward's end to acceptance: the target's logits at every
+                    verify row (its lm_head, a full-vocabulary matmul) and vLLM's work
+                    between its forward and its sampler
 accept              target choice at every row and the tree walk
 kv_compaction       the accepted path's KV moved to consecutive slots
 round               from one step's plan to the next (everything, host included)
@@ -40,7 +43,8 @@ import torch
 logger = logging.getLogger("vllm.dartree")
 
 PHASES = ("drafter_forward", "drafter_logits", "tree_build", "target_forward",
-          "stock_attention", "tree_attention", "accept", "kv_compaction", "round")
+          "stock_attention", "tree_attention", "target_logits", "accept", "kv_compaction",
+          "round")
 PROFILE_ENV = "VLLM_DARTREE_PROFILE"
 LOG_EVERY_S = 30.0
 
@@ -78,6 +82,23 @@ class StepProfile:
         finally:
             _synchronize(device)
             cls._current[name] += (time.perf_counter() - start) * 1e3
+
+    @classmethod
+    def stamp(cls, device: torch.device | None = None) -> float | None:
+        """A synchronised clock reading that opens a phase spanning two calls (None when
+        off); :meth:`since` closes it."""
+        if not cls.enabled:
+            return None
+        _synchronize(device)
+        return time.perf_counter()
+
+    @classmethod
+    def since(cls, name: str, start: float | None, device: torch.device | None = None) -> None:
+        """Add the time since ``start`` (a :meth:`stamp`) to phase ``name``."""
+        if start is None or not cls.enabled:
+            return
+        _synchronize(device)
+        cls._current[name] += (time.perf_counter() - start) * 1e3
 
     @classmethod
     def new_round(cls, device: torch.device | None = None, tree_step: bool = True) -> None:

@@ -73,6 +73,7 @@ class TreeStep:
         self._plan: VerifyPlan | None = None  # this step's verify layout
         self._kv_caches: Any = None  # the target layers' KV of this step's forward
         self._accepted: AcceptedPaths | None = None  # this step's paths, for the context
+        self._forward_end: float | None = None  # profile clock at the forward's end
 
     # ---- phase 1: plan (after vLLM laid the step's tokens out) --------------------------
     def plan(self, req_ids: list[str], num_drafts: list[int] | None,
@@ -127,6 +128,7 @@ class TreeStep:
                 yield plan
         finally:
             positions[plan.node_rows] = sequential
+            self._forward_end = StepProfile.stamp(self.device)  # the target's logits follow
 
     # ---- phase 3: accept and compact, in place of vLLM's sampler ------------------------
     def accept(self, logits: torch.Tensor, sampling: Any, max_spec_len: int
@@ -137,6 +139,8 @@ class TreeStep:
         kv_caches, self._kv_caches = self._kv_caches, None
         if plan is None:
             return None
+        StepProfile.since("target_logits", self._forward_end, self.device)
+        self._forward_end = None
         sampled, self._accepted = self.verifier.verify(
             plan, logits, sampling, max_spec_len, lambda paths: self.move_kv(paths, kv_caches))
         if self.budget_policy is not None and plan.step - 1 == self._proposed_in:

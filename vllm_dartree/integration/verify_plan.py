@@ -48,6 +48,7 @@ class VerifyPlan:
     step: int
     req_ids: list[str]  # [T] host
     num_logit_rows: int  # host: rows of the step's logits (sum over requests of n + 1)
+    num_verify_rows: int  # host: token rows of the T verified requests (sum of n + 1)
     logit_starts: list[int]  # [R] host: first logits row of every request of the batch
     batch_index: torch.Tensor  # [T] position of the request in vLLM's batch
     root_row: torch.Tensor  # [T] flattened token row of the root
@@ -116,6 +117,7 @@ def build_plan(step: int, req_ids: list[str], num_drafts: list[int],
     chains = proposal is None or proposal.chains
     return VerifyPlan(
         step=step, req_ids=ids, num_logit_rows=int(drafts.sum() + drafts.size),
+        num_verify_rows=int(n.sum() + n.size),
         logit_starts=logit_starts.tolist(), **dev,
         node_in_batch=torch.arange(budget, device=device) < dev["num_drafts"].unsqueeze(1),
         tree=tree, ancestors=ancestor_mask(tree), causal_rows=causal_rows(tree), chains=chains,
