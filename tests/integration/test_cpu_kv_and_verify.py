@@ -79,15 +79,21 @@ def test_truncated_tree_keeps_a_topological_prefix():
     assert step.ancestors[0, 4].tolist() == [True, False, False, False, True, False]
 
 
-@pytest.mark.parametrize(("isa", "dtype", "all_rows"), [
-    ("vec16", torch.float32, False), ("vec16", torch.bfloat16, False),
-    ("vec", torch.float32, False), ("vec16", torch.float32, True),
-    ("vec16", torch.bfloat16, True),
+@pytest.mark.parametrize(("isa", "dtype", "all_rows", "trees_only"), [
+    ("vec16", torch.float32, False, False), ("vec16", torch.bfloat16, False, False),
+    ("vec", torch.float32, False, False), ("vec16", torch.float32, True, False),
+    ("vec16", torch.bfloat16, True, False), ("vec16", torch.float32, True, True),
+    ("vec16", torch.bfloat16, True, True), ("vec16", torch.float32, False, True),
 ])
-def test_block_path_equals_the_element_path_and_a_naive_loop(isa, dtype, all_rows):
+def test_block_path_equals_the_element_path_and_a_naive_loop(isa, dtype, all_rows,
+                                                              trees_only):
     """Tree attention through whole-block views equals the element-gather path and a naive
     per-row softmax over prefix + ancestors, on caches written by vLLM's own op: the rows
-    after each causal prefix, or (``all_rows``, the stock kernel skipped) every verify row."""
+    after each causal prefix, or (``all_rows``, the stock kernel skipped) every verify row.
+    With ``trees_only`` the batch is two fully scheduled trees of equal size and nothing
+    else, so with ``all_rows`` the queries and rows are read and written through views
+    (``dense``); otherwise a plain request leads and one tree is cut to 3 of its 5 nodes.
+    Rows that are not recomputed are left untouched."""
     from vllm import _custom_ops as ops
     from vllm.platforms import current_platform
 
@@ -103,28 +109,37 @@ def test_block_path_equals_the_element_path_and_a_naive_loop(isa, dtype, all_row
     block, head, kv_heads, heads = 16, 64, 2, 6
     trees = [_tree([0, 1, 0, 3, 4], [1, 2, 1, 2, 3], [7, 8, 9, 10, 11]),
              _tree([0, 0, 1, 2, 2], [1, 1, 2, 3, 3], [1, 2, 3, 4, 5])]
-    prefixes, drafts = [37, 5], [5, 3]  # the second request scheduled 3 of its 5 nodes
-    plan = plan_of(trees, num_drafts=[0, drafts[0], drafts[1]],
-                   num_scheduled=[4, 1 + drafts[0], 1 + drafts[1]])
+    prefixes = [37, 5]
+    if trees_only:
+        drafts, plain = [5, 5], []
+    else:
+        drafts, plain = [5, 3], [4]  # the second request scheduled 3 of its 5 nodes
+    plan = plan_of(trees, num_drafts=[0] * len(plain) + drafts,
+                   num_scheduled=plain + [1 + n for n in drafts])
     lengths = [p + 1 + n for p, n in zip(prefixes, drafts)]
     blocks = 8
     kv_cache = torch.zeros(blocks, kv_heads, block, 2 * head, dtype=dtype)
     key_cache, value_cache = kv_cache.view(blocks, kv_heads, 2 * block, -1).chunk(2, dim=2)
-    table = torch.tensor([[0, 1, 2, 3], [5, 2, 6, 7], [6, 4, 7, 0]], dtype=torch.int32)
-    table[1, :3], table[2, :1] = torch.tensor([5, 3, 1]), torch.tensor([4])
-    seq_lens = torch.tensor([4, *lengths], dtype=torch.int32)
+    table = torch.tensor([[5, 3, 1, 7], [4, 2, 6, 0]], dtype=torch.int32)
+    if plain:
+        table = torch.cat([torch.tensor([[0, 1, 2, 3]], dtype=torch.int32), table])
+    seq_lens = torch.tensor(plain + lengths, dtype=torch.int32)
     keys = torch.randn(sum(lengths), kv_heads, head, generator=gen).to(dtype)
     values = torch.randn(sum(lengths), kv_heads, head, generator=gen).to(dtype)
-    slots = torch.cat([table[b + 1, torch.arange(n) // block].long() * block
+    slots = torch.cat([table[b + len(plain), torch.arange(n) // block].long() * block
                        + torch.arange(n) % block for b, n in enumerate(lengths)])
     ops.cpu_attn_reshape_and_cache(keys, values, key_cache, value_cache, slots, isa,
                                    k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
-    query = torch.randn(4 + sum(1 + n for n in drafts), heads, head, generator=gen).to(dtype)
+    num_rows = sum(plain) + sum(1 + n for n in drafts)
+    query = torch.randn(num_rows + 2, heads, head, generator=gen).to(dtype)  # + 2 padding
     gather = plan_tree_attention(plan, seq_lens, table, block, all_rows=all_rows)
+    assert gather.dense == (trees_only and all_rows)
     assert fast_layout(kv_cache, isa)
-    rows, fast = tree_attention(query, kv_cache, isa, gather, head**-0.5)
-    rows_el, by_elements = tree_attention_by_elements(query, kv_cache, isa, gather, head**-0.5)
-    assert torch.equal(rows, rows_el)
+    untouched = 7.0
+    fast = torch.full_like(query, untouched)
+    by_elements = torch.full_like(query, untouched)
+    tree_attention(query, kv_cache, isa, gather, head**-0.5, fast)
+    tree_attention_by_elements(query, kv_cache, isa, gather, head**-0.5, by_elements)
     torch.testing.assert_close(fast.float(), by_elements.float(), atol=2e-2 if dtype !=
                                torch.float32 else 1e-5, rtol=0)
     # A naive loop over rows: softmax over the prefix and the row's ancestors.
@@ -144,12 +159,14 @@ def test_block_path_equals_the_element_path_and_a_naive_loop(isa, dtype, all_row
             q = query[root + i].float()
             weights = (torch.einsum("hd,khd->hk", q, k) * head**-0.5).softmax(-1)
             expected[root + i] = torch.einsum("hk,khd->hd", weights, v)
-    got = dict(zip(rows.tolist(), fast.float()))
     assert plan.causal_rows.tolist() == [2, 1]
-    assert sorted(got) == sorted(expected)
-    for row, value in expected.items():
-        torch.testing.assert_close(got[row], value, atol=3e-2 if dtype != torch.float32
-                                   else 1e-4, rtol=0)
+    assert sorted(gather.out_rows.tolist()) == sorted(expected)
+    for row in range(query.shape[0]):
+        if row in expected:
+            torch.testing.assert_close(fast[row].float(), expected[row], atol=3e-2 if dtype
+                                       != torch.float32 else 1e-4, rtol=0)
+        else:
+            assert bool((fast[row] == untouched).all())
 
 
 def test_rows_on_the_causal_prefix_are_not_recomputed():

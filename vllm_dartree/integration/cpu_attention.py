@@ -142,6 +142,7 @@ class TreeAttentionPlan:
     bias: torch.Tensor  # float [T, 1, Q, nblk * block]: 0 visible, -inf hidden
     slots: torch.Tensor  # [T, L] KV slot of each key position 0..L-1 (element-gather path)
     visible: torch.Tensor  # bool [T, Q, L] prefix, then ancestors in the tree part
+    dense: bool  # host: the slots are the forward's rows 0..T*Q-1 in order, none padding
 
     @property
     def empty(self) -> bool:
@@ -171,6 +172,10 @@ def plan_tree_attention(plan: VerifyPlan, seq_lens: torch.Tensor, block_table: t
     used = torch.arange(num_blocks) * block_size < lengths.unsqueeze(1)
     pos = torch.minimum(key_pos[:max_len].unsqueeze(0), (lengths - 1).unsqueeze(1))  # [T, L]
     seg_rows = plan.root_row.unsqueeze(1) + rows
+    # A batch of equal trees verified alone (batch-1 decoding included) reads its queries
+    # and writes its rows through views: no row gather or scatter in any layer.
+    dense = bool(recomputed.all()) and torch.equal(seg_rows.view(-1),
+                                                   torch.arange(seg_rows.numel()))
     return TreeAttentionPlan(
         seg_rows=seg_rows,
         out_rows=seg_rows[recomputed],
@@ -179,19 +184,21 @@ def plan_tree_attention(plan: VerifyPlan, seq_lens: torch.Tensor, block_table: t
         bias=torch.zeros(visible.shape).masked_fill(~visible, float("-inf")).unsqueeze(1),
         slots=tables.gather(1, pos // block_size) * block_size + pos % block_size,
         visible=visible[..., :max_len],
+        dense=dense,
     )
 
 
 def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
-                   plan: TreeAttentionPlan, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of every verify row over prefix + ancestors.
+                   plan: TreeAttentionPlan, scale: float, output: torch.Tensor) -> None:
+    """Attention of every recomputed verify row over prefix + ancestors, written into
+    ``output`` [N, heads, head_size] at ``plan.out_rows`` (no other row is touched).
 
-    Returns (rows [M], out [M, heads, head_size]) for the M recomputed verify rows. Whole KV
-    blocks are gathered through strided views where vLLM's page layout allows it, then one
-    fused attention call per layer; otherwise element by element.
+    Whole KV blocks are gathered through strided views where vLLM's page layout allows it,
+    then one fused attention call per layer; otherwise element by element.
     """
     if not fast_layout(kv_cache, isa):
-        return tree_attention_by_elements(query, kv_cache, isa, plan, scale)
+        tree_attention_by_elements(query, kv_cache, isa, plan, scale, output)
+        return
     keys, values = block_views(kv_cache)
     num_req, num_blocks = plan.blocks.shape
     _, kv_heads, head, block = keys.shape
@@ -202,30 +209,47 @@ def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
     k = keys.permute(0, 3, 1, 2).index_select(0, index)
     v = values.transpose(1, 2).index_select(0, index)
     k, v = (t.view(num_req, width, kv_heads, head).transpose(1, 2) for t in (k, v))
-    q = query[plan.seg_rows].transpose(1, 2)  # [T, H, Q, D]
+    q = _tree_queries(query, plan)
     out = torch.nn.functional.scaled_dot_product_attention(
         q.float(), k.float(), v.float(), attn_mask=plan.bias, scale=scale,
         enable_gqa=q.shape[1] != kv_heads,
-    ).transpose(1, 2)  # [T, Q, H, D]
-    return plan.out_rows, out.reshape(-1, *out.shape[2:])[plan.out_slots].to(query.dtype)
+    )
+    _write_rows(output, out, plan)
 
 
 def tree_attention_by_elements(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
-                               plan: TreeAttentionPlan, scale: float
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
+                               plan: TreeAttentionPlan, scale: float, output: torch.Tensor
+                               ) -> None:
     """:func:`tree_attention` for any page layout: keys and values gathered element by
     element through the layout vLLM's cache write reveals (also the fast path's twin)."""
     num_req, max_len = plan.slots.shape
     keys, values = gather_kv(kv_cache, plan.slots.view(-1), isa)
     keys = keys.view(num_req, max_len, *keys.shape[1:]).transpose(1, 2)  # [T, kvh, L, D]
     values = values.view(num_req, max_len, *values.shape[1:]).transpose(1, 2)
-    q = query[plan.seg_rows].transpose(1, 2)  # [T, H, Q, D]
+    q = _tree_queries(query, plan)
     out = torch.nn.functional.scaled_dot_product_attention(
         q.float(), keys.float(), values.float(), attn_mask=plan.visible.unsqueeze(1),
         scale=scale, enable_gqa=q.shape[1] != keys.shape[1],
-    ).transpose(1, 2)  # [T, Q, H, D]
-    flat = out.reshape(-1, *out.shape[2:])
-    return plan.out_rows, flat[plan.out_slots].to(query.dtype)
+    )
+    _write_rows(output, out, plan)
+
+
+def _tree_queries(query: torch.Tensor, plan: TreeAttentionPlan) -> torch.Tensor:
+    """The queries of the plan's slots, [T, heads, Q, head_size]."""
+    if plan.dense:
+        return query[: plan.seg_rows.numel()].view(*plan.seg_rows.shape,
+                                                    *query.shape[1:]).transpose(1, 2)
+    return query[plan.seg_rows].transpose(1, 2)
+
+
+def _write_rows(output: torch.Tensor, out: torch.Tensor, plan: TreeAttentionPlan) -> None:
+    """Store ``out`` [T, heads, Q, head_size] at the recomputed rows (padding slots dropped)."""
+    out = out.transpose(1, 2)  # [T, Q, H, D]
+    if plan.dense:
+        output[: plan.seg_rows.numel()].view_as(out).copy_(out)
+    else:
+        flat = out.reshape(-1, *out.shape[2:])
+        output[plan.out_rows] = flat[plan.out_slots].to(output.dtype)
 
 
 class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
@@ -259,11 +283,9 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
             gather = _layer_plan(plan, attn_metadata, kv_cache.shape[2], all_rows)
             if gather.empty:  # every verified row is on its request's causal prefix
                 return output
-            rows, tree_out = tree_attention(
-                query.view(query.shape[0], self.num_heads, self.head_size), kv_cache,
-                layer.isa, gather, self.scale,
-            )
-            output.view(output.shape[0], self.num_heads, self.head_size)[rows] = tree_out
+            tree_attention(query.view(query.shape[0], self.num_heads, self.head_size),
+                           kv_cache, layer.isa, gather, self.scale,
+                           output.view(output.shape[0], self.num_heads, self.head_size))
         return output
 
 
