@@ -266,8 +266,11 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
                                    output_scale, output_block_scale)
         # When every token of the forward is a tree row (a decode batch whose requests all
         # verify trees), the tree path computes every row and the stock kernel is skipped:
-        # it would only read the prefix K/V once more for rows computed here anyway.
+        # it would only read the prefix K/V once more for rows computed here anyway. vLLM
+        # writes this step's K/V outside ``forward`` (``do_kv_cache_update``); a backend
+        # whose forward writes it must not be skipped.
         all_rows = (not plan.chains
+                    and not TreeCPUAttentionBackend.forward_includes_kv_cache_update
                     and plan.num_verify_rows == attn_metadata.num_actual_tokens)
         if not all_rows:
             with StepProfile.phase("stock_attention"):
