@@ -259,6 +259,10 @@ NAMES: tuple[VllmName, ...] = _names(
              use="private: its cache is cleared after the registry override"),
     VllmName("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackend"),
     VllmName("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackend.get_impl_cls"),
+    VllmName("vllm.v1.attention.backends.cpu_attn:"
+             "CPUAttentionBackend.forward_includes_kv_cache_update",
+             use="False: the step's K/V is written outside forward, so a forward of tree "
+                 "rows only may skip the stock kernel"),
     VllmName("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl"),
     VllmName("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.forward",
              ("self", "layer", "query", "key", "value", "kv_cache", "attn_metadata", "output",
@@ -278,6 +282,7 @@ NAMES: tuple[VllmName, ...] = _names(
     VllmName("vllm.v1.attention.backends.cpu_attn:CPUAttentionMetadata.seq_lens"),
     VllmName("vllm.v1.attention.backends.cpu_attn:CPUAttentionMetadata.block_table"),
     VllmName("vllm.v1.attention.backends.cpu_attn:CPUAttentionMetadata.slot_mapping"),
+    VllmName("vllm.v1.attention.backends.cpu_attn:CPUAttentionMetadata.num_actual_tokens"),
     VllmName("vllm._custom_ops:cpu_attn_reshape_and_cache",
              ("key", "value", "key_cache", "value_cache", "slot_mapping", "isa")),
     VllmName("vllm.v1.attention.backend:AttentionCGSupport.NEVER"),
