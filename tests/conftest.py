@@ -57,6 +57,20 @@ def tiny_dspark_reduced():
 
 
 @pytest.fixture(scope="session")
+def tiny_domino_reduced(tiny_domino, tiny_target, tmp_path_factory):
+    """The Domino drafter with a reduced head (models/draft_vocab.py): the target's lm_head
+    rows of the 300 lowest of 512 ids, so greedy outputs hold tokens it cannot draft."""
+    import torch
+    from safetensors.torch import load_file
+
+    from vllm_dartree.models.draft_vocab import write_reduced_drafter
+
+    lm_head = load_file(str(tiny_target / "model.safetensors"))["lm_head.weight"]
+    return write_reduced_drafter(tiny_domino, lm_head, torch.arange(300),
+                                 tmp_path_factory.mktemp("domino_reduced") / "drafter", {})
+
+
+@pytest.fixture(scope="session")
 def trained_tiny_dspark(tmp_path_factory):
     """(target dir, drafter dir): a DSpark-format drafter (Markov + confidence head, block 7)
     from a short ``train-drafter --head markov`` run on the tiny trained target."""

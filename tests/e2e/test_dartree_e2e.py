@@ -85,6 +85,18 @@ def test_dspark_drafter_is_lossless(request, engines, tiny_target, baseline, nam
     assert spec_decode_counters(llm)["num_drafts"] > 0
 
 
+def test_a_reduced_draft_vocabulary_is_lossless(engines, tiny_target, tiny_domino_reduced,
+                                                baseline):
+    """A Domino drafter whose lm_head keeps 300 of 512 ids (vLLM scatters its logits into
+    the full vocabulary): trees draft only kept ids, the output stays target-only decoding's,
+    and drafts are still accepted."""
+    llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino_reduced),
+                      **BATCH)
+    assert generate_ids(llm, PROMPTS, params()) == baseline
+    counters = spec_decode_counters(llm)
+    assert counters["num_drafts"] > 0 and counters["num_accepted_tokens"] > 0
+
+
 @pytest.fixture(scope="module")
 def pruned_engine(engines, tiny_target, tiny_domino):
     return engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **BATCH)

@@ -75,3 +75,25 @@ def taus(engines, model_dir, prompts, target_only):
 def test_trained_drafter_accepts_and_tree_beats_chain(taus):
     assert taus["dartree-pruned"] > 2.0, taus
     assert taus["dartree-pruned"] > taus["dflash"], taus
+
+
+def test_the_16k_token_head_is_lossless_and_accepts_as_much(engines, model_dir, prompts,
+                                                            target_only, taus):
+    """The bench's default drafter: the committed one with its lm_head cut to 16k tokens
+    (models/draft_vocab.py). Same greedy output; on these prompts its trees are accepted
+    about as deeply as the full head's."""
+    from vllm import SamplingParams
+
+    from vllm_dartree.bench.methods import TreeParams, speculative_config
+    from vllm_dartree.bench.run import counter_delta
+    from vllm_dartree.harness.engine import generate_ids, spec_decode_counters
+    from vllm_dartree.models.draft_vocab import ensure_reduced_smollm2_drafter
+
+    drafter = ensure_reduced_smollm2_drafter()
+    llm = engines.get(model=str(model_dir), **ENGINE, speculative_config=speculative_config(
+        "dartree-pruned", drafter, TreeParams()))
+    before = spec_decode_counters(llm)
+    out = generate_ids(llm, prompts, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS))
+    assert out == target_only
+    tau = counter_delta(before, spec_decode_counters(llm))["tau_vllm"]
+    assert tau > taus["dartree-pruned"] - 0.15, (tau, taus)
