@@ -29,15 +29,15 @@ COMMON = ("--datasets gsm8k math500 --num-samples 2 --max-new-tokens 256 --dtype
           "--threads 2")
 
 
-def run_setting(args: str, out: Path) -> dict[str, tuple[float, float]]:
-    """{dataset: (TPOT ms, tau)} of one bench process with ``args`` (leading NAME=VALUE
-    words are environment variables of that process)."""
+def run_setting(args: str, common: str, out: Path) -> dict[str, tuple[float, float]]:
+    """{dataset: (TPOT ms, tau)} of one bench process with ``common`` and ``args`` (leading
+    NAME=VALUE words of ``args`` are environment variables of that process)."""
     words = shlex.split(args)
     env = dict(os.environ)
     while words and "=" in words[0] and not words[0].startswith("-"):
         name, value = words.pop(0).split("=", 1)
         env[name] = value
-    cmd = [sys.executable, "-m", "vllm_dartree.cli", "bench", *words,
+    cmd = [sys.executable, "-m", "vllm_dartree.cli", "bench", *shlex.split(common), *words,
            "--out", str(out), "--no-progress"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
     summary = json.loads((out / "results.json").read_text())["summary"]
@@ -58,7 +58,7 @@ def main() -> None:
     tpot: dict[str, list[dict[str, tuple[float, float]]]] = {n: [] for n in names}
     for round_index in range(args.rounds):
         for name, extra in args.setting:
-            result = run_setting(f"{args.common} {extra}", out / f"round{round_index}" / name)
+            result = run_setting(extra, args.common, out / f"round{round_index}" / name)
             tpot[name].append(result)
             print(f"round {round_index} {name}: " + ", ".join(
                 f"{d} {ms:.1f} ms (tau {tau:.2f})" for d, (ms, tau) in result.items()),

@@ -27,14 +27,17 @@ TINY_CHATS = ["the dog runs fast", "a happy old cat sleeps"]
 
 def smollm2_pair() -> tuple[Path, Path, str]:
     """SmolLM2-135M-Instruct (converted offline by ``make models``) + the committed Domino
-    drafter trained for it on this CPU (benchmarks/drafters/smollm2-135m-domino)."""
+    drafter trained for it on this CPU (benchmarks/drafters/smollm2-135m-domino), its head
+    cut to the 16k most frequent tokens (``models/draft_vocab.py``)."""
+    from vllm_dartree.models.draft_vocab import ensure_reduced_smollm2_drafter
     from vllm_dartree.models.smollm2 import DRAFTER, ensure_smollm2
 
-    drafter = project_root() / DRAFTER
-    if not (drafter / "config.json").exists():
-        raise SystemExit(f"drafter not found at {drafter}; `--pair tiny` runs without it")
-    return (ensure_smollm2(), drafter, "SmolLM2-135M-Instruct + DFlash/Domino drafter trained "
-            "for it on this CPU (benchmarks/drafters/smollm2-135m-domino)")
+    if not (project_root() / DRAFTER / "config.json").exists():
+        raise SystemExit(f"drafter not found at {project_root() / DRAFTER}; `--pair tiny` "
+                         "runs without it")
+    return (ensure_smollm2(), ensure_reduced_smollm2_drafter(), "SmolLM2-135M-Instruct + "
+            "DFlash/Domino drafter trained for it on this CPU "
+            "(benchmarks/drafters/smollm2-135m-domino, 16k-token head)")
 
 
 def tiny_pair() -> tuple[Path, Path, str]:

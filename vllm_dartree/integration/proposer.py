@@ -102,6 +102,17 @@ class DARTreeProposer(DFlashProposer):
         return min(self.layout.num_depths, self.budget)
 
     @property
+    def query_slots(self) -> int:
+        """Mask slots queried after the root: the block's, cut to the depths a tree can use.
+
+        With B below the drafter's depths the slots past depth B were computed and dropped.
+        The block attends bidirectionally, so the cut moves the kept slots' hidden states a
+        little: SmolLM2 pair at B = 6, tau 2.18 -> 2.25 on GSM8K, 2.14 -> 2.14 on MATH-500,
+        drafter forward 10.1 -> 7.7 ms."""
+        needed = self.tree_depths if self.layout.shift_label else self.tree_depths + 1
+        return min(self.layout.block_size, needed) - 1
+
+    @property
     def top_k(self) -> int:
         return min(self.settings.top_k, self.vllm_config.model_config.get_vocab_size())
 
@@ -199,7 +210,7 @@ class DARTreeProposer(DFlashProposer):
 
     def _draft_block(self, *step_inputs) -> torch.Tensor:
         """One drafter forward over [root, mask x (block-1)]: hidden state per depth [R, D, H]."""
-        num_tokens, draft_cad = self._lay_out(*step_inputs, mask_slots=self.layout.block_size - 1)
+        num_tokens, draft_cad = self._lay_out(*step_inputs, mask_slots=self.query_slots)
         draft_cad = self._fit_queries(num_tokens, draft_cad)
         _, per_layer = self.build_per_group_and_layer_attn_metadata(draft_cad)
         mode, num_input_tokens, across_dp = self._determine_batch_execution_and_padding(num_tokens)
