@@ -105,7 +105,7 @@ def drafter_query_blocks(monkeypatch) -> list[tuple[set[int], set[int], int]]:
 
     def recording(self, num_tokens, slot_mapping=None):
         table = self.target_runner.input_batch.block_table[0]
-        block = self.layout.block_size
+        block = 1 + self.query_slots  # root + masks, the block cut to B's depths
         slots = slot_mapping[:num_tokens].view(-1, block)
         for row, request_slots in enumerate(slots.tolist()):
             owned = set(table.block_table.np[row, : table.num_blocks_per_row[row]].tolist())

@@ -3,7 +3,8 @@
 vLLM's V1 runner builds this proposer in place of its ``DFlashProposer`` for a dartree engine
 (``runner.ProposerSwap``). It subclasses ``DFlashProposer``, so vLLM's own ``isinstance``
 checks and DFlash plumbing (aux hidden states, drafter KV, padded batches) apply unchanged;
-what differs is the query width (the checkpoint's block, not the verify budget B) and what
+what differs is the query width (the checkpoint's block cut to the depths a tree of B
+nodes can reach, not B itself) and what
 happens to the drafter's outputs: they become trees, handed to the engine's
 :class:`~vllm_dartree.integration.step.TreeStep` for the next step's verification.
 Acceptance is not here (``verifier.py``).
