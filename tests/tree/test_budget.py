@@ -3,7 +3,6 @@ hand-made cost curves and probabilities, the cost fit and the calibration arithm
 
 import math
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -20,7 +19,6 @@ from vllm_dartree.tree.budget import (
     depth_leaders,
     node_acceptance,
     priority_order,
-    trees_in_top,
     with_confidence,
 )
 
@@ -121,50 +119,6 @@ def test_expensive_rows_choose_no_tree():
 def test_free_rows_verify_every_node_that_can_be_accepted():
     step_ms = torch.full((5,), 10.0)
     assert int(best_node_count(ACCEPTANCE, step_ms)) == 3  # the zero node adds nothing
-
-
-def test_trees_in_top_count_the_requests_the_top_n_reaches():
-    # Flattened best first: (0,0) .9, (0,1) .5, (1,0) .2, (1,1) 0.
-    all_valid = torch.ones(2, 2, dtype=torch.bool)
-    assert trees_in_top(ACCEPTANCE, all_valid).tolist() == [0, 1, 1, 2, 2]
-    second_empty = torch.tensor([[True, True], [False, False]])  # a request with no node
-    assert trees_in_top(ACCEPTANCE, second_empty).tolist() == [0, 1, 1, 1, 1]
-
-
-def test_a_cost_per_tree_request_concentrates_the_nodes():
-    """Two confident chains and two doubtful ones: with a large cost per request holding a
-    tree, the doubtful requests get no node (a per-row cost alone would give them one)."""
-    acceptance = torch.tensor([[0.9, 0.8, 0.7], [0.9, 0.8, 0.7],
-                               [0.3, 0.1, 0.0], [0.3, 0.1, 0.0]])
-    valid = torch.ones(4, 3, dtype=torch.bool)
-    model = StepCostModel()
-    model.target.coefficients = np.array([20.0, 0.0, 1.0, 0.0, 6.0])
-    nodes = torch.arange(13)
-    step_ms = model.predict(4, nodes, trees_in_top(acceptance, valid), drafting=False)
-    chosen = best_node_count(acceptance, step_ms.float())
-    assert counts_of_top(acceptance, chosen, valid).tolist() == [3, 3, 0, 0]
-    model.target.coefficients = np.array([20.0, 0.0, 1.0, 0.0, 0.0])
-    step_ms = model.predict(4, nodes, trees_in_top(acceptance, valid), drafting=False)
-    chosen = best_node_count(acceptance, step_ms.float())
-    assert counts_of_top(acceptance, chosen, valid).tolist() == [3, 3, 1, 1]
-
-
-def test_the_step_model_tells_the_per_tree_request_cost_apart():
-    """Steps of 4 requests whose trees cover 1..4 of them: 5 ms per request with a tree is
-    recovered beside 1.5 ms per row and an 8 ms tree step."""
-    model = StepCostModel()
-    for i in range(60):
-        trees, nodes = 1 + i % 4, 1 + (i * 7) % 20
-        nodes = max(nodes, trees)
-        draft_ms = 12.0
-        ms = 20.0 + 1.5 * (4 + nodes) + 8.0 + 5.0 * trees + draft_ms
-        model.observe(4, 4 + nodes, nodes, ms, True, draft_ms, trees)
-    for _ in range(5):
-        model.observe(4, 4, 0, 20.0 + 6.0 + 1.0, False, 1.0)
-    t_step, t_req, t_row, t_tree, t_treq = model.target.coefficients.tolist()
-    assert t_row == pytest.approx(1.5, rel=0.05)
-    assert t_treq == pytest.approx(5.0, rel=0.05)
-    assert float(model.predict(4, 8, 2)) == pytest.approx(20 + 18 + 8 + 10 + 12, rel=0.05)
 
 
 def test_counts_split_the_global_top_n_by_request():

@@ -66,7 +66,7 @@ class TreeStep:
         self.verifier = verifier
         self.move_kv = move_kv
         self.budget_policy = budget_policy
-        self._last_plan: tuple[float, tuple[int, ...]] | None = None  # time, shape of the step
+        self._last_plan: tuple[float, int, int, int] | None = None  # time, shape of the step
         self._proposed_in: int | None = None  # step of the proposal this step verifies
         self.step = 0  # steps planned so far
         self._proposal: Proposal | None = None  # trees for the next step's verify
@@ -83,7 +83,7 @@ class TreeStep:
         a batch whose sampling reads the drafted prefix)."""
         StepProfile.new_round(self.device)
         self._time_previous_step(len(req_ids), int(np.sum(num_scheduled[: len(req_ids)])),
-                                 num_drafts or [])
+                                 0 if num_drafts is None else int(sum(num_drafts)))
         self.step += 1
         proposal, self._proposal = self._proposal, None
         self._plan = self._kv_caches = self._accepted = None
@@ -97,18 +97,16 @@ class TreeStep:
                                 self.device)
         return self._plan
 
-    def _time_previous_step(self, requests: int, rows: int, num_drafts: list[int]) -> None:
+    def _time_previous_step(self, requests: int, rows: int, nodes: int) -> None:
         """Tell the budget policy what the previous step cost (requests, rows, tree nodes
-        among them, ms, requests with nodes)."""
+        among them, ms)."""
         if self.budget_policy is None:
             return
         now = time.perf_counter()
         if self._last_plan is not None:
-            started, (requests_then, rows_then, nodes, trees) = self._last_plan
-            self.budget_policy.observe_step(requests_then, rows_then, nodes,
-                                            (now - started) * 1e3, trees)
-        self._last_plan = (now, (requests, rows, sum(num_drafts),
-                                 sum(d > 0 for d in num_drafts)))
+            started, *shape = self._last_plan
+            self.budget_policy.observe_step(*shape, (now - started) * 1e3)
+        self._last_plan = (now, requests, rows, nodes)
 
     # ---- phase 2: the target forward ----------------------------------------------------
     @contextmanager

@@ -7,8 +7,8 @@ n across the whole batch that maximises expected emitted tokens per millisecond:
 
     p_u   = min over u and its ancestors a of  min(1, c[d(a)] * exp(s_a))
     E(n)  = R + P_n            P_n: sum of the n largest p_u over the batch
-    T(n)  = t_step + t_req * R + t_row * (R + n) + t_tree * [n > 0] + t_treq * m(n) + D(R)
-                      m(n): requests with a node among the n   (:class:`StepCostModel`)
+    T(n)  = t_step + t_req * R + t_row * (R + n) + t_tree * [n > 0] + D(R)
+                                                               (:class:`StepCostModel`)
     n*    = argmax_{0 <= n <= R * B} E(n) / T(n)
 
 ``s`` is a node's path log-probability under the corrected drafter (``DraftTree.scores``)
@@ -127,17 +127,6 @@ def best_node_count(acceptance: torch.Tensor, step_ms: torch.Tensor) -> torch.Te
     return (expected / step_ms).argmax()
 
 
-def trees_in_top(acceptance: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """[R*B + 1] m(n): how many requests have at least one node among the batch's n best,
-    n = 0 .. R*B, in the order :func:`counts_of_top` selects (``acceptance`` [R, B] in
-    priority order, so a request enters the top-n with its first column)."""
-    budget = acceptance.shape[1]
-    order = acceptance.flatten().argsort(descending=True, stable=True)
-    enters = (order % budget == 0) & valid.flatten()[order]
-    first_columns = enters.to(torch.int64).cumsum(0)
-    return torch.cat([first_columns.new_zeros(1), first_columns])
-
-
 def counts_of_top(acceptance: torch.Tensor, total: torch.Tensor,
                   valid: torch.Tensor | None = None) -> torch.Tensor:
     """[R] how many of each request's (priority-ordered) nodes are among the batch's
@@ -219,14 +208,12 @@ def nonnegative_least_squares(gram: np.ndarray, moment: np.ndarray) -> np.ndarra
 class StepCostModel:
     """A step's wall time [ms] as the target's part plus the drafter's part:
 
-        T(R, n, m, drafting) = t_step + t_req * R + t_row * (R + n) + t_tree * [n > 0]
-                               + t_treq * m + D(R, drafting)
+        T(R, n, drafting) = t_step + t_req * R + t_row * (R + n) + t_tree * [n > 0]
+                            + D(R, drafting)
         D(R, True)  = d_step + d_req * R        D(R, False) = d_context
 
 ``t_tree`` is what a step that verifies a tree pays beyond its rows (the plan, tree
-attention set-up, acceptance, KV compaction), ``t_treq`` what each of its m requests with a
-tree pays (the CPU tree path gathers that request's whole K/V prefix in every layer; on a
-GPU the fit finds it near 0).
+attention set-up, acceptance, KV compaction).
     The drafter's part is timed directly around the proposer's work (its block forward,
     logits, tree and choice; on a GPU that wall time also absorbs whatever the device still
     had queued), so the two parts are fitted separately and a batch that always drafts
@@ -235,7 +222,7 @@ GPU the fit finds it near 0).
     """
 
     def __init__(self) -> None:
-        self.target = LinearCost(("step", "request", "row", "tree step", "tree request"))
+        self.target = LinearCost(("step", "request", "row", "tree step"))
         self.drafting = LinearCost(("drafting step", "drafted request"))
         self.context_ms = 0.0  # a step that only feeds the drafter its context (EMA)
         self._context_steps = 0
@@ -244,27 +231,19 @@ GPU the fit finds it near 0).
     def observed(self) -> int:
         return self.target.observed
 
-    def predict(self, requests: int, nodes: torch.Tensor | int,
-                trees: torch.Tensor | int | None = None, drafting: bool = True
+    def predict(self, requests: int, nodes: torch.Tensor | int, drafting: bool = True
                 ) -> torch.Tensor:
-        """Predicted ms of a step verifying ``nodes`` in all over ``trees`` requests (tensors:
-        one per entry; ``trees`` None: every request has a tree when there are nodes)."""
-        t_step, t_req, t_row, t_tree, t_treq = self.target.coefficients.tolist()
+        """Predicted ms of a step verifying ``nodes`` in all (a tensor: one per entry)."""
+        t_step, t_req, t_row, t_tree = self.target.coefficients.tolist()
         draft = self.drafting.predict(1.0, requests) if drafting else self.context_ms
         nodes = torch.as_tensor(nodes, dtype=torch.float64)
-        has_tree = (nodes > 0).to(torch.float64)
-        trees = (requests * has_tree if trees is None
-                 else torch.as_tensor(trees, dtype=torch.float64))
         return (t_step + t_req * requests + draft + t_row * (requests + nodes)
-                + t_tree * has_tree + t_treq * trees)
+                + t_tree * (nodes > 0))
 
     def observe(self, requests: int, rows: int, nodes: int, ms: float, drafted: bool,
-                draft_ms: float, trees: int | None = None) -> bool:
-        """One step: ``rows`` computed, ``nodes`` of them tree nodes over ``trees`` requests
-        (None: all of them when there are nodes); its wall time ``ms``, of which
-        ``draft_ms`` in the proposer."""
-        if trees is None:
-            trees = requests if nodes > 0 else 0
+                draft_ms: float) -> bool:
+        """One step: ``rows`` computed, ``nodes`` of them tree nodes; its wall time ``ms``,
+        of which ``draft_ms`` in the proposer."""
         if drafted:
             self.drafting.observe(draft_ms, 1.0, requests)
         else:
@@ -272,7 +251,7 @@ GPU the fit finds it near 0).
                 0.9 * self.context_ms + 0.1 * draft_ms)
             self._context_steps += 1
         return self.target.observe(max(ms - draft_ms, 0.0), 1.0, requests, rows,
-                                   float(nodes > 0), float(trees))
+                                   float(nodes > 0))
 
     def describe(self) -> str:
         return (f"target {self.target.describe()}; drafting {self.drafting.describe()}; "
@@ -371,7 +350,7 @@ class AdaptiveBudget:
         self._rate: float | None = None  # smoothed predicted tokens/ms of drafted steps
         self._backoff = off_steps
         self._stopped_at = 0  # batch size when drafting last stopped
-        self._last_tree = (0.0, 0.0, 0.0)  # gain (tokens beyond R), nodes, trees per request
+        self._last_tree = (0.0, 0.0)  # gain (tokens beyond R) and nodes per request, then
         self._promised = torch.zeros((), device=device)  # EW sums: tokens beyond R that
         self._delivered = torch.zeros((), device=device)  # E promised / verification gave
         self._pending: torch.Tensor | None = None  # the last choice's promise, until verified
@@ -392,9 +371,8 @@ class AdaptiveBudget:
 
     def _pays_at(self, requests: int) -> bool:
         """Whether the last tree seen, per request, would pay with ``requests`` in a step."""
-        gain, nodes, trees = self._last_tree
-        tree_ms = float(self.cost.predict(requests, round(nodes * requests),
-                                          round(trees * requests)))
+        gain, nodes = self._last_tree
+        tree_ms = float(self.cost.predict(requests, round(nodes * requests)))
         plain_ms = float(self.cost.predict(requests, 0, drafting=False))
         return plain_ms > 0 and (1 + gain) / tree_ms >= self.required_gain / plain_ms
 
@@ -403,7 +381,7 @@ class AdaptiveBudget:
         cost model's next sample."""
         self._drafted, self._draft_ms = drafted, ms
 
-    def _update_worth(self, requests: int, expected: float, nodes: int, trees: int) -> None:
+    def _update_worth(self, requests: int, expected: float, nodes: int) -> None:
         """After a drafted step: keep drafting, or back off (doubling) while it does not pay.
 
         The drafted steps' predicted rate is smoothed (``rate_smoothing``; the first drafted
@@ -412,12 +390,12 @@ class AdaptiveBudget:
         if self.steps <= self.probe_steps:
             self._off_left = int(self.steps % 5 == 0)  # start-up: sample a step without
             return
-        tree_ms = float(self.cost.predict(requests, nodes, trees))
+        tree_ms = float(self.cost.predict(requests, nodes))
         plain_ms = float(self.cost.predict(requests, 0, drafting=False))
         if min(tree_ms, plain_ms) <= 0:
             return
         gain = self.gain_scale * (expected - requests)
-        self._last_tree = (gain / requests, nodes / requests, trees / requests)
+        self._last_tree = (gain / requests, nodes / requests)
         rate = (requests + gain) / tree_ms
         fresh = self._rate is None
         self._rate = rate if fresh else (
@@ -437,8 +415,7 @@ class AdaptiveBudget:
         ordered, acceptance = priority_order(tree, acceptance)
         num_requests, budget = acceptance.shape
         total = num_requests * budget
-        step_ms = self.cost.predict(num_requests, torch.arange(total + 1),
-                                    trees_in_top(acceptance, ordered.valid).cpu())
+        step_ms = self.cost.predict(num_requests, torch.arange(total + 1))
         if self.steps < self.probe_steps:
             fraction = self.PROBE_FRACTIONS[self.steps % len(self.PROBE_FRACTIONS)]
             chosen = torch.tensor(round(fraction * total), device=acceptance.device)
@@ -459,19 +436,17 @@ class AdaptiveBudget:
         *counts_host, promised_host, self.gain_scale = host.tolist()  # the step's host read
         expected_host = num_requests + promised_host
         counts_host = [int(c) for c in counts_host]
-        nodes, trees = sum(counts_host), sum(c > 0 for c in counts_host)
+        nodes = sum(counts_host)
         self.steps += 1
-        self._update_worth(num_requests, expected_host, nodes, trees)
-        predicted = float(self.cost.predict(num_requests, nodes, trees))
+        self._update_worth(num_requests, expected_host, nodes)
+        predicted = float(self.cost.predict(num_requests, nodes))
         return BudgetChoice(ordered, counts_host, expected_host, predicted)
 
-    def observe_step(self, requests: int, rows: int, nodes: int, ms: float,
-                     trees: int | None = None) -> bool:
-        """The previous step's wall time (it drafted as :meth:`record_drafting` said);
-        ``trees``: its requests with nodes (None: all of them when there are nodes)."""
+    def observe_step(self, requests: int, rows: int, nodes: int, ms: float) -> bool:
+        """The previous step's wall time (it drafted as :meth:`record_drafting` said)."""
         drafted, draft_ms = self._drafted, self._draft_ms
         self._drafted, self._draft_ms = False, 0.0
-        return self.cost.observe(requests, rows, nodes, ms, drafted, draft_ms, trees)
+        return self.cost.observe(requests, rows, nodes, ms, drafted, draft_ms)
 
     def observe_acceptance(self, tree: DraftTree, num_accepted: torch.Tensor) -> None:
         """The verified trees of the last choice and their path lengths (root included)."""
@@ -493,6 +468,5 @@ __all__ = [
     "depth_leaders",
     "node_acceptance",
     "priority_order",
-    "trees_in_top",
     "with_confidence",
 ]
