@@ -10,6 +10,8 @@ Users pass it as vLLM's speculative config::
 each step verifies only the nodes a cost model says pay for themselves, down to none
 (``vllm_dartree.tree.budget``). It needs vLLM's synchronous scheduler (variable draft
 counts per request); an engine left to choose gets it, ``async_scheduling=True`` is refused.
+With it, ``width: "auto"`` lets the policy narrow the pruned tree each step to the nodes its
+requests were given (``tree.budget.AutoWidth``), up to the width that would apply otherwise.
 
 Validation runs before any model is loaded. Every error names the key, the value given and
 what is allowed. Settings that need the drafter checkpoint (vocabulary size, whether it has
@@ -83,13 +85,14 @@ class DARTreeConfig(BaseModel):
     model: str
     num_speculative_tokens: int = 64
     tree: TreeVariant = "pruned"
-    width: int = 12
+    width: int | Literal["auto"] = 12
     top_k: int = 64
     depth_bonus: float = -0.2
     correction: bool | None = None
     budget_policy: BudgetPolicy = "fixed"
     vllm_options: dict[str, Any] = {}
     _machine_defaults: frozenset[str] = PrivateAttr(default=frozenset())
+    _cpu_width: int | None = PrivateAttr(default=None)  # CPU default width, parsed on a CPU
 
     def user_set(self, key: str) -> bool:
         """Whether the user chose ``key`` (not a default, machine defaults included)."""
@@ -119,10 +122,23 @@ class DARTreeConfig(BaseModel):
             raise ValueError(f"must be between 1 and {MAX_BUDGET} (the verify budget B)")
         return value
 
+    @property
+    def auto_width(self) -> bool:
+        return self.width == "auto"
+
+    @property
+    def max_width(self) -> int:
+        """The pruned tree's widest W: ``width``, or with ``"auto"`` the width that would
+        apply without it (12, or the CPU default on a CPU), capped at the budget."""
+        if not self.auto_width:
+            return self.width
+        default = self._cpu_width or type(self).model_fields["width"].default
+        return min(default, self.budget)
+
     @field_validator("width", "top_k")
     @classmethod
-    def _positive(cls, value: int) -> int:
-        if value < 1:
+    def _positive(cls, value: int | str) -> int | str:
+        if value != "auto" and value < 1:
             raise ValueError("must be >= 1")
         return value
 
@@ -146,7 +162,13 @@ class DARTreeConfig(BaseModel):
                 f"'depth_bonus' = {self.depth_bonus} is not allowed for tree 'fixed': it must be 0 "
                 "(per-depth quotas already decide the depth profile)"
             )
-        if self.tree == "pruned" and self.width > self.budget:
+        if self.auto_width and self.budget_policy != "adaptive":
+            raise ValueError(
+                "'width' = 'auto' needs 'budget_policy' = 'adaptive' (the width follows the "
+                "nodes the adaptive budget gives each request); with 'budget_policy' = "
+                f"{self.budget_policy!r} give 'width' as an integer"
+            )
+        if self.tree == "pruned" and not self.auto_width and self.width > self.budget:
             raise ValueError(
                 f"'width' = {self.width} exceeds 'num_speculative_tokens' = {self.budget}: "
                 "the per-depth width must be <= the verify budget"
@@ -188,20 +210,25 @@ def parse_speculative_config(raw: dict[str, Any], *, on_cpu: bool = False) -> DA
     except ValidationError as exc:
         raise DARTreeConfigError(_describe(exc, options)) from None
     config._machine_defaults = frozenset(machine_defaults)
+    if on_cpu:
+        config._cpu_width = CPU_DEFAULTS["width"]
     return config
 
 
 def _describe(exc: ValidationError, options: dict[str, Any]) -> str:
-    """One line per problem: key, value given, what is allowed."""
-    lines = []
+    """One line per problem: key, value given, what is allowed (a key whose type is a union,
+    such as ``width``, gets one line naming every alternative)."""
+    lines: dict[str, str] = {}
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "speculative_config"
+        key = str(err["loc"][0]) if err["loc"] else "speculative_config"
         value = options.get(key, err.get("input"))
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "missing":
-            lines.append(f"speculative_config key {key!r} is required for method 'dartree'")
+            lines[key] = f"speculative_config key {key!r} is required for method 'dartree'"
         elif key == "speculative_config":
-            lines.append(f"speculative_config: {msg}")
+            lines[msg] = f"speculative_config: {msg}"
+        elif key in lines:
+            lines[key] += f", or {msg[0].lower()}{msg[1:]}"
         else:
-            lines.append(f"speculative_config key {key!r} = {value!r} is invalid: {msg}")
-    return "; ".join(lines)
+            lines[key] = f"speculative_config key {key!r} = {value!r} is invalid: {msg}"
+    return "; ".join(lines.values())

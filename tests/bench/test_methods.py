@@ -115,6 +115,17 @@ def test_the_adaptive_method_is_pruned_with_the_adaptive_budget(tiny_domino):
         "budget_policy": "adaptive"}
 
 
+def test_the_adaptive_method_can_leave_the_width_to_the_budget(tiny_domino):
+    from vllm_dartree.bench.methods import canonical, label
+
+    spec = speculative_config("adaptive:b16wauto", tiny_domino, PARAMS)
+    assert (spec["num_speculative_tokens"], spec["width"], spec["budget_policy"]) == (
+        16, "auto", "adaptive")
+    assert label("dartree-adaptive:wauto") == "DARTree (adaptive) W=auto"
+    with pytest.raises(ValueError, match="'wauto' .* dartree-adaptive only"):
+        canonical("pruned:wauto")
+
+
 def test_serving_rows_compare_with_ar_per_dataset_and_concurrency():
     from vllm_dartree.bench.report import _concurrency_lines
     from vllm_dartree.bench.serving import compare_with_ar

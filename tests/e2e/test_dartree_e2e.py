@@ -198,6 +198,33 @@ ADAPTIVE = {"budget_policy": "adaptive", "num_speculative_tokens": 24, "width": 
             "top_k": 16}
 
 
+def test_an_auto_width_narrows_the_tree_and_stays_lossless(engines, tiny_target, tiny_domino,
+                                                           baseline):
+    """``width: "auto"``: each drafted step's pruned tree is as wide as the most nodes a
+    request was given the step before (within ceil(B / D) .. the default width, the CPU's
+    here), read off the width histogram the budget exports; output stays target-only
+    decoding's."""
+    from prometheus_client import REGISTRY
+
+    from vllm_dartree.config import parse_speculative_config
+
+    def width_samples() -> tuple[float, float]:
+        return tuple(REGISTRY.get_sample_value(f"vllm_dartree:budget_width_{part}") or 0.0
+                     for part in ("sum", "count"))
+
+    settings = ADAPTIVE | {"width": "auto"}
+    llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino, **settings),
+                      **BATCH)
+    before = width_samples()
+    assert generate_ids(llm, PROMPTS, params()) == baseline
+    total, steps = (a - b for a, b in zip(width_samples(), before))
+    assert steps > 0
+    widest = parse_speculative_config(dartree(tiny_domino, **settings), on_cpu=True).max_width
+    assert widest > 1
+    assert total < widest * steps  # some steps drafted narrower trees
+    assert total >= steps  # and none narrower than one branch
+
+
 def test_the_adaptive_budget_is_lossless_through_every_kind_of_step(engines, tiny_target,
                                                                      tiny_domino, baseline):
     """Its start-up probes alone give steps with the whole tree, with part of it, with no

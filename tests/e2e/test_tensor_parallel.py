@@ -59,14 +59,17 @@ def test_dspark_markov_head_at_tp2_matches_tp1_target_only(request, engines, tin
     assert spec_decode_counters(llm)["num_drafts"] > 0
 
 
+@pytest.mark.parametrize("width", [6, "auto"])
 def test_the_adaptive_budget_at_tp2_matches_tp1_target_only(engines, tiny_target, tiny_domino,
-                                                           tp1_target_only, one_core_per_rank):
+                                                           tp1_target_only, one_core_per_rank,
+                                                           width):
     """Each rank times its own steps, so only rank 0's counts reach the scheduler and rank
     0's drafting decision is broadcast (the drafter's forward runs collectives); the trees,
-    in priority order, are the same on both ranks whatever the counts."""
+    in priority order, are the same on both ranks whatever the counts. An auto width follows
+    the counts the scheduler sent (the same on both ranks), so it agrees too."""
     llm = engines.get(model=str(tiny_target), **BATCH, **TP2, speculative_config={
         "method": "dartree", "model": str(tiny_domino), "budget_policy": "adaptive",
-        "num_speculative_tokens": 24, "width": 6, "top_k": 16})
+        "num_speculative_tokens": 24, "width": width, "top_k": 16})
     assert generate_ids(llm, PROMPTS, greedy()) == tp1_target_only
     counters = spec_decode_counters(llm)
     assert 0 < counters["num_draft_tokens"] < 24 * counters["num_drafts"]

@@ -27,6 +27,8 @@ PARSE_ERRORS = [
     (BASE | {"beam": 3}, r"key 'beam' \(value 3\) is not supported .* allowed keys: "),
     (BASE | {"width": "wide"}, r"'width' = 'wide' is invalid: .*valid integer"),
     (BASE | {"budget_policy": "auto"}, r"'budget_policy' = 'auto' is invalid: .*'fixed' or 'adaptive'"),
+    (BASE | {"width": "auto"}, r"'width' = 'auto' needs 'budget_policy' = 'adaptive'.* 'fixed'"),
+    (BASE | {"width": "narrow", "budget_policy": "adaptive"}, r"'width' = 'narrow' is invalid: .*'auto'"),
 ]
 
 
@@ -135,3 +137,18 @@ def test_cpu_defaults_fill_only_keys_the_variant_uses():
     assert small.user_set("num_speculative_tokens") and not small.user_set("top_k")
     gpu = parse_speculative_config(BASE)  # the paper's defaults
     assert (gpu.budget, gpu.width, gpu.top_k) == (64, 12, 64)
+
+
+def test_an_auto_width_stays_within_the_width_that_would_apply_otherwise():
+    from vllm_dartree.config import CPU_DEFAULTS
+
+    auto = BASE | {"budget_policy": "adaptive", "width": "auto"}
+    gpu = parse_speculative_config(auto)
+    assert (gpu.auto_width, gpu.max_width) == (True, 12)
+    cpu = parse_speculative_config(auto, on_cpu=True)
+    assert (cpu.budget, cpu.max_width) == (CPU_DEFAULTS["num_speculative_tokens"],
+                                           CPU_DEFAULTS["width"])
+    small = parse_speculative_config(auto | {"num_speculative_tokens": 3})
+    assert small.max_width == 3  # never wider than the budget
+    fixed = parse_speculative_config(BASE | {"width": 5})
+    assert (fixed.auto_width, fixed.max_width) == (False, 5)

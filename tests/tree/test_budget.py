@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 from vllm_dartree.tree import DominoHead, DraftTree, build_tree, truncate
 from vllm_dartree.tree.budget import (
     AdaptiveBudget,
+    AutoWidth,
     DepthCalibration,
     LinearCost,
+    MeasuredRates,
     StepCostModel,
     best_node_count,
     counts_of_top,
@@ -316,6 +318,70 @@ def test_drafting_stays_on_when_trees_pay():
         policy.choose(tree)
 
 
+def test_measured_rates_need_both_kinds_of_step_before_a_verdict():
+    rates = MeasuredRates(decay=0.5, min_on=2, min_off=1)
+    rates.observe(True, 4, tokens=8.0, ms=100.0)
+    assert rates.rate(True, 4) is None and rates.verdict(4) is None  # one drafted sample
+    rates.observe(True, 4, tokens=12.0, ms=100.0)
+    assert rates.rate(True, 4) == pytest.approx((0.5 * 8 + 12) / (0.5 * 100 + 100))
+    assert rates.verdict(4) is None  # no plain step yet
+    rates.observe(False, 4, tokens=4.0, ms=40.0)
+    assert rates.verdict(4) is True  # 0.107 tokens/ms drafting against 0.1 plain
+    assert rates.verdict(2) is None  # another batch size: nothing measured
+    rates.observe(False, 4, tokens=4.0, ms=20.0)  # plain got faster: 6 tokens in 40 ms
+    assert rates.verdict(4) is False
+    rates.forget_drafting(4)
+    assert rates.verdict(4) is None and rates.rate(False, 4) is not None
+
+
+def test_steps_are_sorted_into_drafting_plain_and_neither():
+    """Steady drafting: drafted after a drafted step (tokens = R + accepted nodes). Plain:
+    no node verified and no drafting. A step that prefilled, or the first after a pause,
+    is neither."""
+    policy, tree = AdaptiveBudget(max_depth=5, device=torch.device("cpu")), random_trees(5)
+
+    def step(drafted: bool, rows: int, nodes: int, ms: float, accepted: list[int] | None):
+        policy.record_drafting(drafted, 1.0)
+        if accepted is not None:
+            policy.observe_acceptance(tree, torch.tensor(accepted))
+        policy.observe_step(3, rows, nodes, ms)
+
+    step(True, 3, 0, 50.0, None)  # first drafted step: the one before did not draft
+    step(True, 9, 6, 60.0, [3, 1, 2])  # steady: 3 + 3 tokens
+    step(True, 40, 6, 300.0, [2, 2, 2])  # a prefill rode along: left out
+    step(False, 9, 6, 30.0, [1, 1, 1])  # verified a tree, no drafting: neither
+    step(False, 3, 0, 20.0, None)  # plain
+    sums = policy.measured._sums
+    assert sums[(True, 3)] == [6.0, 60.0, 1]
+    assert sums[(False, 3)] == [3.0, 20.0, 1]
+
+
+def test_measured_rates_stop_drafting_that_the_model_says_pays():
+    policy, tree = trained_policy(ms_per_row=0.0), random_trees(5)
+    policy.choose(tree)
+    assert policy.should_draft(3)  # the model alone: trees pay
+    for _ in range(policy.measured.min_on):
+        policy.measured.observe(True, 3, tokens=3.5, ms=40.0)
+    for _ in range(policy.measured.min_off):
+        policy.measured.observe(False, 3, tokens=3.0, ms=25.0)
+    policy.choose(tree)  # measured: 0.0875 tokens/ms drafting, 0.12 plain
+    assert not policy.should_draft(3)
+    assert policy.measured.rate(True, 3) is None  # measured afresh after the pause
+
+
+def test_drafting_pauses_to_measure_plain_steps():
+    policy, tree = trained_policy(ms_per_row=0.0), random_trees(5)
+    policy.plain_every = 4
+    paused = []
+    for _ in range(8):
+        policy.choose(tree)
+        skipped = 0
+        while not policy.should_draft(3):
+            skipped += 1
+        paused.append(skipped)
+    assert paused == [0, 0, 0, 3, 0, 0, 0, 3]  # every 4th drafted step: 3 without drafting
+
+
 # ----------------------------------------------------------------- confidence head
 def test_a_confidence_head_moves_each_depth_to_its_chain_survival():
     """Depth 1: best node 0.8 (chain), sibling 0.1; depth 2: chain child 0.4. With survival
@@ -327,3 +393,55 @@ def test_a_confidence_head_moves_each_depth_to_its_chain_survival():
     assert moved.scores[0, :3].exp().tolist() == pytest.approx([0.5, 0.0625, 0.25])
     assert moved.scores[0, 3] == tree.scores[0, 3]  # padding untouched
     assert torch.equal(moved.tokens, tree.tokens) and torch.equal(moved.parents, tree.parents)
+
+
+def test_the_auto_width_follows_the_largest_count_within_its_bounds():
+    width = AutoWidth(max_width=12, budget=64, num_depths=16)
+    assert width.widths == [4, 8, 12]  # ceil(64 / 16) keeps W * D >= B; powers of two
+    assert width.width == 12  # before any choice
+    assert width.update([0, 7, 2]) == 8  # rounded up: still >= the largest count
+    assert width.update([1, 0]) == 4
+    assert width.update([30, 64]) == 12
+    assert width.update([]) == 4
+    cpu = AutoWidth(max_width=4, budget=6, num_depths=6)
+    assert cpu.widths == [1, 2, 4]
+    assert [cpu.update([n]) for n in (0, 1, 2, 3, 5)] == [1, 1, 2, 4, 4]
+    assert AutoWidth(max_width=2, budget=64, num_depths=4).widths == [2]  # max caps min
+
+
+def test_the_budget_hands_the_scheduled_counts_to_its_auto_width():
+    auto = AutoWidth(max_width=6, budget=24, num_depths=8)
+    policy = AdaptiveBudget(8, torch.device("cpu"), auto_width=auto)
+    policy.observe_scheduled([4, 2, 0])
+    assert (auto.widths, auto.width) == ([3, 4, 6], 4)
+    policy.observe_scheduled([])  # a step without drafts: the narrowest
+    assert auto.width == 3
+    AdaptiveBudget(8, torch.device("cpu")).observe_scheduled([5])  # no auto width: no-op
+
+
+def test_a_narrower_width_keeps_the_nodes_a_smaller_budget_would_pick():
+    """What AutoWidth relies on: the n best nodes (by path score) of a pruned tree built with
+    width n are those of the tree built with the full width, for every n up to it."""
+    gen = torch.Generator().manual_seed(0)
+    vocab, depths, hidden = 40, 5, 8
+    head = DominoHead.random(vocab, hidden, 6, 4, generator=gen, scale=2.0)
+    logits = torch.randn(2, depths, vocab, generator=gen) * 2
+    states = torch.randn(2, depths, hidden, generator=gen)
+    roots = torch.randint(0, vocab, (2,), generator=gen)
+
+    def best_paths(width: int, n: int, row: int) -> set[tuple[int, ...]]:
+        tree = build_tree("pruned", logits, states, roots, head, budget=12, top_k=6,
+                          width=width, depth_bonus=0.0)
+        scores = torch.where(tree.valid[row], tree.scores[row], float("-inf"))
+        paths = set()
+        for node in scores.argsort(descending=True)[:n].tolist():
+            path, at = [], node + 1  # parents: 0 is the root, k the node in column k - 1
+            while at:
+                path.append(int(tree.tokens[row, at - 1]))
+                at = int(tree.parents[row, at - 1])
+            paths.add(tuple(reversed(path)))
+        return paths
+
+    for n in range(1, 7):
+        for row in range(2):
+            assert best_paths(n, n, row) == best_paths(6, n, row), (n, row)

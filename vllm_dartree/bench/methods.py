@@ -16,7 +16,8 @@ dartree-adaptive   DARTree (pruned) of B nodes per request at most, verified as 
 
 A tree method may carry its own B and W after a colon, e.g. ``dartree-pruned:b64w12`` or
 ``dartree-adaptive:b64``, so one run can compare several sizes (the run's ``--budget`` and
-``--width`` apply otherwise).
+``--width`` apply otherwise); ``dartree-adaptive:wauto`` lets the budget choose the width
+(``width: "auto"``).
 
 Chains verify one node per drafter depth (the block, not B), as DFlash/Domino do. The
 ``dspark*`` methods run the DSpark-format drafter (``BenchConfig.dspark_drafter``); the others
@@ -47,7 +48,7 @@ LABELS = {"ar": "AR", "dflash": "DFlash", "ddtree": "DDTree", "domino": "Domino"
           "dspark": "DSpark", "dspark-fixed": "DSpark + DARTree (fixed)",
           "dspark-pruned": "DSpark + DARTree (pruned)", "dartree-adaptive": "DARTree (adaptive)"}
 TREE_METHODS = ("ddtree", "dartree-fixed", "dartree-pruned")
-SIZED = re.compile(r"^(?:b(?P<budget>\d+))?(?:w(?P<width>\d+))?$")
+SIZED = re.compile(r"^(?:b(?P<budget>\d+))?(?:w(?P<width>\d+|auto))?$")
 
 
 def config_default(key: str) -> Any:
@@ -63,7 +64,7 @@ class TreeParams:
 
     budget: int = config_default("num_speculative_tokens")
     top_k: int = config_default("top_k")
-    width: int = config_default("width")
+    width: int | str = config_default("width")  # or "auto" (adaptive budget only)
     depth_bonus: float = config_default("depth_bonus")
 
     @classmethod
@@ -89,6 +90,9 @@ def canonical(name: str) -> str:
                         "dspark-fixed", "dspark-pruned") or not sized:
             raise ValueError(f"method {name!r}: a size suffix is 'bB', 'wW' or 'bBwW' (e.g. "
                              f"'dartree-pruned:b64w12') on a tree method")
+        if sized["width"] == "auto" and base != "dartree-adaptive":
+            raise ValueError(f"method {name!r}: 'wauto' (width chosen by the adaptive budget) "
+                             "applies to dartree-adaptive only")
         return f"{base}:{size}"
     return base
 
@@ -104,7 +108,8 @@ def sized_params(method: str, params: TreeParams) -> TreeParams:
     if not size:
         return params
     sized = SIZED.match(size)
-    changes = {k: int(v) for k, v in sized.groupdict().items() if v is not None}
+    changes = {k: v if v == "auto" else int(v) for k, v in sized.groupdict().items()
+               if v is not None}
     return replace(params, **changes)
 
 
@@ -160,7 +165,9 @@ def speculative_config(method: str, drafter: str | Path | None, params: TreePara
         return base | {"tree": "fixed", "num_speculative_tokens": params.budget,
                        "top_k": params.top_k, "correction": True}
     pruned = base | {"tree": "pruned", "num_speculative_tokens": params.budget,
-                     "top_k": params.top_k, "width": min(params.width, params.budget),
+                     "top_k": params.top_k,
+                     "width": params.width if params.width == "auto" else min(params.width,
+                                                                              params.budget),
                      "depth_bonus": params.depth_bonus, "correction": True}
     if method == "dartree-adaptive":
         return pruned | {"budget_policy": "adaptive"}

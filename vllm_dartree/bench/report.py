@@ -127,6 +127,10 @@ def _concurrency_lines(rows: list[dict[str, Any]]) -> list[str]:
                       for c in levels if (method, dataset, c) in index]
             lines += ["", f"{label(method)}: draft nodes verified per request-step "
                       f"({', '.join(chosen)})."]
+            widths = [f"C={c}: {index[(method, dataset, c)]['mean_width']:.1f}"
+                      for c in levels if index.get((method, dataset, c), {}).get("mean_width")]
+            if widths:
+                lines.append(f"Mean tree width per drafted step ({', '.join(widths)}).")
         lines.append("")
     checked = [r for r in rows if r.get("mismatches") is not None and r["method"] != "ar"]
     differ = sum(r["mismatches"] for r in checked)

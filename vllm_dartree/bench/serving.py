@@ -10,7 +10,8 @@ of that dataset's samples, chat template applied here and sent as token ids to
 completion tokens / wall time, speedup = method tokens/s / AR tokens/s at that dataset and C
 (the paper's Table 4). At T = 0 every completion is compared with AR's for the same request
 (``mismatches``); ``drafts_per_step`` is vLLM's draft tokens per verified request-step (the
-adaptive budget's chosen size).
+adaptive budget's chosen size) and ``mean_width`` the pruned tree's width per drafted step
+(adaptive budget only).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from vllm_dartree.harness.server import http_json, http_text, metric_value, runn
 
 SERVED_NAME = "bench"
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+# The adaptive budget's width histogram (``integration.budget_report``): summed widths and
+# drafted steps, absent for other methods.
+WIDTH_METRIC = "vllm_dartree:budget_width"
 
 
 def server_args(config: Any, max_len: int, max_seqs: int, spec: dict[str, Any] | None,
@@ -52,8 +56,10 @@ def request_body(prompt: list[int], config: Any, index: int) -> dict[str, Any]:
 
 def spec_counters(base: str) -> dict[str, float]:
     text = http_text(base + "/metrics")
-    return {name: metric_value(text, f"vllm:spec_decode_{name}_total") or 0.0
-            for name in COUNTERS}
+    counters = {name: metric_value(text, f"vllm:spec_decode_{name}_total") or 0.0
+                for name in COUNTERS}
+    return counters | {part: metric_value(text, f"{WIDTH_METRIC}_{part}") or 0.0
+                       for part in ("sum", "count")}
 
 
 def measure(base: str, prompts: list[list[int]], concurrency: int, config: Any) -> dict[str, Any]:
@@ -76,11 +82,13 @@ def measure(base: str, prompts: list[list[int]], concurrency: int, config: Any) 
     drafts = after["num_drafts"] - before["num_drafts"]
     accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
     draft_tokens = after["num_draft_tokens"] - before["num_draft_tokens"]
+    width_steps = after["count"] - before["count"]
     return {"concurrency": concurrency, "requests": count, "completion_tokens": tokens,
             "wall_s": round(wall, 3), "tokens_per_s": tokens / wall if wall else None,
             "mean_latency_s": sum(t for _, t, _ in done) / len(done),
             "tau_vllm": 1 + accepted / drafts if drafts else None,
             "drafts_per_step": draft_tokens / drafts if drafts else 0.0,
+            "mean_width": (after["sum"] - before["sum"]) / width_steps if width_steps else None,
             "texts": [text for _, _, text in done]}
 
 

@@ -265,7 +265,7 @@ def build_dartree_speculative_config(engine_args, requested: dict, original,
     expose_target_layers(speculative.draft_model_config.hf_config, layout)
     object.__setattr__(speculative, SETTINGS_ATTR, config)
     object.__setattr__(speculative, LAYOUT_ATTR, layout)
-    logger.info("vllm-dartree: tree=%s B=%d W=%d K=%d beta=%g budget=%s drafter=%s",
+    logger.info("vllm-dartree: tree=%s B=%d W=%s K=%d beta=%g budget=%s drafter=%s",
                 config.tree, config.budget, config.width, config.top_k,
                 config.effective_depth_bonus, config.budget_policy, config.model)
     return speculative

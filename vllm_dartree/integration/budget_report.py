@@ -5,7 +5,8 @@ mode for an adaptive engine so the API server's ``/metrics`` shows them):
 
 ====================================  =========  =============================================
 ``vllm_dartree:budget_nodes``         histogram  nodes chosen for a request in a step
-``vllm_dartree:budget_width``         gauge      the pruned tree's width W the nodes come from
+``vllm_dartree:budget_width``         histogram  the pruned tree's width W per drafted step
+                                                 (fixed, or chosen by ``width: "auto"``)
 ``vllm_dartree:budget_calibration``   gauge      mean relative error of the calibrated
                                                  per-depth acceptance (0 = calibrated)
 ====================================  =========  =============================================
@@ -25,6 +26,7 @@ logger = logging.getLogger("vllm.dartree")
 
 LOG_EVERY_S = 30.0
 NODE_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
+WIDTH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
 
 # Called with the nodes chosen per request of every drafted step, or None for a step the
 # policy did not draft.
@@ -46,9 +48,9 @@ class BudgetReport:
         finally:
             cls._observers.remove(observer)
 
-    def __init__(self, width: int) -> None:
-        self.width = width
+    def __init__(self) -> None:
         self.steps = 0
+        self.widths = 0  # summed over drafted steps
         self.steps_without_tree = 0
         self.steps_without_drafting = 0
         self.requests = 0
@@ -61,11 +63,13 @@ class BudgetReport:
         for observer in self._observers:
             observer(None)
 
-    def record(self, choice: BudgetChoice, policy: AdaptiveBudget) -> None:
+    def record(self, choice: BudgetChoice, policy: AdaptiveBudget, width: int) -> None:
+        """One drafted step: the counts chosen and the width of the trees they come from."""
         for observer in self._observers:
             observer(choice.counts)
         nodes = sum(choice.counts)
         self.steps += 1
+        self.widths += width
         self.steps_without_tree += nodes == 0
         self.requests += len(choice.counts)
         self.nodes += nodes
@@ -73,6 +77,7 @@ class BudgetReport:
             histogram = self._metrics[0]
             for count in choice.counts:
                 histogram.observe(count)
+            self._metrics[1].observe(width)
         now = time.monotonic()
         if now - self._last_log >= LOG_EVERY_S:
             self._last_log = now
@@ -81,15 +86,14 @@ class BudgetReport:
     def log(self, policy: AdaptiveBudget) -> None:
         error, raw = policy.calibration.error(), policy.calibration.raw_error()
         if self._metrics is not None:
-            self._metrics[1].set(self.width)
             self._metrics[2].set(error)
         logger.info(
             "dartree budget: %.2f nodes/request over %d drafted steps (%.0f%% without a tree), "
-            "%d steps not drafted, width %d, calibration error %.2f (uncalibrated %.2f), "
+            "%d steps not drafted, mean width %.1f, calibration error %.2f (uncalibrated %.2f), "
             "delivered/promised tokens %.2f, step cost (ms) %s",
             self.nodes / max(self.requests, 1), self.steps,
             100 * self.steps_without_tree / max(self.steps, 1), self.steps_without_drafting,
-            self.width, error, raw, policy.gain_scale, policy.cost.describe())
+            self.widths / max(self.steps, 1), error, raw, policy.gain_scale, policy.cost.describe())
 
 
 def _metrics():
@@ -102,8 +106,8 @@ def _metrics():
         _METRICS = (
             Histogram("vllm_dartree:budget_nodes", "adaptive budget: nodes chosen for a "
                       "request in a step", buckets=NODE_BUCKETS),
-            Gauge("vllm_dartree:budget_width", "adaptive budget: width of the pruned tree",
-                  multiprocess_mode="livemostrecent"),
+            Histogram("vllm_dartree:budget_width", "adaptive budget: width of the pruned "
+                      "tree per drafted step", buckets=WIDTH_BUCKETS),
             Gauge("vllm_dartree:budget_calibration", "adaptive budget: mean relative error "
                   "of the calibrated per-depth acceptance", multiprocess_mode="livemostrecent"),
         )

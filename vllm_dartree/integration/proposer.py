@@ -27,7 +27,7 @@ from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.step import TreeStep
 from vllm_dartree.integration.verify_plan import needs_chain_verification
 from vllm_dartree.tree import DraftTree, build_tree, depth_first
-from vllm_dartree.tree.budget import AdaptiveBudget, depth_leaders, with_confidence
+from vllm_dartree.tree.budget import AdaptiveBudget, AutoWidth, depth_leaders, with_confidence
 from vllm_dartree.tree.build import capture_all_shapes
 from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size
 
@@ -72,9 +72,11 @@ class DARTreeProposer(DFlashProposer):
         self.graphs: CorrectionGraphs | None = None
         # The adaptive budget: the proposer asks it which nodes to hand over, the step tells
         # it what each step cost and what was accepted.
-        self.budget_policy = (AdaptiveBudget(self.tree_depths, device)
+        auto_width = (AutoWidth(self.settings.max_width, self.budget, self.tree_depths)
+                      if self.settings.auto_width else None)
+        self.budget_policy = (AdaptiveBudget(self.tree_depths, device, auto_width=auto_width)
                               if self.settings.adaptive else None)
-        self.budget_report = BudgetReport(self.settings.width) if self.settings.adaptive else None
+        self.budget_report = BudgetReport() if self.settings.adaptive else None
 
     def load_model(self, target_model) -> None:
         super().load_model(target_model)
@@ -93,8 +95,11 @@ class DARTreeProposer(DFlashProposer):
         max_requests = self.vllm_config.scheduler_config.max_num_seqs
         graphs = CorrectionGraphs(self.head, capture=True, max_bucket=bucket_size(max_requests))
         variants = {self.settings.tree, "chain"}  # chain: batches verified as chains
-        capture_all_shapes(graphs, variants, max_requests, self.tree_depths,
-                           self.budget, self.top_k, self.settings.width)
+        policy = self.budget_policy
+        auto = policy.auto_width if policy is not None else None
+        for width in auto.widths if auto is not None else [self.settings.max_width]:
+            capture_all_shapes(graphs, variants, max_requests, self.tree_depths,
+                               self.budget, self.top_k, width)
         return graphs
 
     @property
@@ -112,6 +117,14 @@ class DARTreeProposer(DFlashProposer):
         drafter forward 10.1 -> 7.7 ms."""
         needed = self.tree_depths if self.layout.shift_label else self.tree_depths + 1
         return min(self.layout.block_size, needed) - 1
+
+    @property
+    def tree_width(self) -> int:
+        """W of this step's pruned tree: the configured width, or the auto width's choice."""
+        policy = self.budget_policy
+        if policy is not None and policy.auto_width is not None:
+            return policy.auto_width.width
+        return self.settings.max_width
 
     @property
     def top_k(self) -> int:
@@ -148,11 +161,12 @@ class DARTreeProposer(DFlashProposer):
                                                      None)) for r in req_ids)
         settings = self.settings
         variant = "chain" if chain else settings.tree
+        width = self.tree_width
         with StepProfile.phase("tree_build", self.device):
             tree = build_tree(
                 variant, base_logits, depth_hidden.float(),
                 next_token_ids.to(torch.int64), self.head, budget=self.budget,
-                top_k=self.top_k, width=settings.width,
+                top_k=self.top_k, width=width,
                 depth_bonus=settings.effective_depth_bonus, graphs=self.graphs,
             )
             if variant != "chain" and self.budget_policy is None:
@@ -162,7 +176,7 @@ class DARTreeProposer(DFlashProposer):
             return tree.tokens
         tree = self._with_chain_confidence(tree, depth_hidden, next_token_ids)
         choice = self.budget_policy.choose(tree)
-        self.budget_report.record(choice, self.budget_policy)
+        self.budget_report.record(choice, self.budget_policy, width)
         self.tree_step.hand_over(list(req_ids), choice.tree, chains=variant == "chain")
         tokens = choice.tree.tokens.tolist()
         self.budget_policy.record_drafting(True, (time.perf_counter() - started) * 1e3)

@@ -87,6 +87,8 @@ class TreeStep:
         self.step += 1
         proposal, self._proposal = self._proposal, None
         self._plan = self._kv_caches = self._accepted = None
+        if self.budget_policy is not None:  # no drafts scheduled: none were given
+            self.budget_policy.observe_scheduled(num_drafts or [])
         if num_drafts is None or verify_as_chain:
             return None
         if proposal is not None and proposal.step != self.step - 1:

@@ -28,7 +28,14 @@ g is the tokens the verified trees delivered beyond R over the tokens E promised
 (exponentially weighted): the per-depth calibration fits the drafter's raw probabilities,
 while E adds them up along prefix-closed selections, so the sum keeps an error of its own.
 The 5% margin covers what the step-time model misses near a tie: a tree that only matches
-plain decoding loses to it once its variance and probes are paid.
+plain decoding loses to it once its variance and probes are paid. The model can still be
+wrong where it extrapolates (plain steps it rarely sees, costs that are not linear in rows),
+so measured rates have a veto (:class:`MeasuredRates`): once the engine has seen, at this
+batch size, enough steady drafted steps and plain steps, drafting stops whenever the
+drafted steps delivered fewer tokens per ms than the plain ones (their drafted sums are then
+dropped and measured afresh after the pause). Every ``plain_every``-th drafted step pauses
+drafting for a few steps until three such probes have measured plain steps at this batch
+size.
 
 A step that does not draft still feeds the drafter its context (so later drafts see
 every committed token) but queries no block; such steps repeat with a doubling back-off
@@ -139,6 +146,38 @@ def counts_of_top(acceptance: torch.Tensor, total: torch.Tensor,
                                                                     device=flat.device)
     chosen = rank.view(num_requests, budget) < total
     return (chosen if valid is None else chosen & valid).sum(dim=1)
+
+
+# ------------------------------------------------------------------------- width
+class AutoWidth:
+    """The pruned tree's width W for the next drafted step (``width: "auto"``):
+
+        W_next = the smallest width in ``widths`` that is >= max_r n_r
+        widths = {ceil(B / D)} + {powers of two between} + {W_max}
+
+    n_r: the nodes the budget chose for request r in the last drafted step; B nodes per
+    tree, D depths, W_max the widest allowed. A selection of n nodes holds at most n nodes
+    of any one depth, and within a depth the budget ranks nodes by path score, as the
+    pruned tree's per-depth top-W does; so a width of at least max_r n_r keeps (up to the
+    calibration's per-depth caps) every node the budget would pick, while the correction
+    head scores W * K candidates per request and depth. Under load, when requests get a
+    node or two, the tree narrows with them. ``ceil(B / D)`` keeps W * D >= B, so a tree
+    still holds B nodes and a request can be given more next step; the width then follows
+    within one step. Rounding up to a power of two leaves a handful of widths, so a GPU
+    captures the head's graphs for each at start-up.
+    """
+
+    def __init__(self, max_width: int, budget: int, num_depths: int) -> None:
+        narrowest = min(max_width, -(-budget // num_depths))
+        powers = [2**i for i in range(max_width.bit_length()) if narrowest < 2**i < max_width]
+        self.widths = [narrowest, *powers, max_width] if narrowest < max_width else [max_width]
+        self.width = max_width  # until a choice has been seen
+
+    def update(self, counts: list[int]) -> int:
+        """The width for the next drafted step, after a step chose ``counts`` [R]."""
+        most = max(counts, default=0)
+        self.width = next((w for w in self.widths if w >= most), self.widths[-1])
+        return self.width
 
 
 # --------------------------------------------------------------------- cost model
@@ -310,7 +349,59 @@ class DepthCalibration:
         return float((gap[seen] / self.observed[1:][seen]).mean())
 
 
+# ------------------------------------------------------------------ measured rates
+class MeasuredRates:
+    """Tokens per millisecond the engine delivered at batch size R, drafting and not:
+
+        rate_on(R)  = sum (R + accepted nodes) / sum ms   steps that drafted after a step
+                                                          that drafted (steady drafting)
+        rate_off(R) = sum R / sum ms                      steps that verified no node and
+                                                          did not draft (plain decoding)
+
+    Sums forget ``decay`` per sample of their kind and R; steps that also prefilled are left
+    out (their time is mostly the prefill). The cost model predicts what a step would cost;
+    these say what steps did cost, so :class:`AdaptiveBudget` stops drafting when its trees
+    delivered fewer tokens per ms than plain decoding at the same batch size, whatever the
+    model predicts (``verdict``).
+    """
+
+    def __init__(self, decay: float = 0.9, min_on: int = 8, min_off: int = 2) -> None:
+        self.decay = decay
+        self.min_on, self.min_off = min_on, min_off
+        self._sums: dict[tuple[bool, int], list[float]] = {}  # (on, R) -> [tokens, ms, n]
+
+    def observe(self, drafting: bool, requests: int, tokens: float, ms: float) -> None:
+        tokens_sum, ms_sum, count = self._sums.get((drafting, requests), (0.0, 0.0, 0))
+        self._sums[(drafting, requests)] = [self.decay * tokens_sum + tokens,
+                                            self.decay * ms_sum + ms, count + 1]
+
+    def rate(self, drafting: bool, requests: int) -> float | None:
+        """Tokens per ms, or None before enough samples."""
+        tokens, ms, count = self._sums.get((drafting, requests), (0.0, 0.0, 0))
+        enough = count >= (self.min_on if drafting else self.min_off)
+        return tokens / ms if enough and ms > 0 else None
+
+    def verdict(self, requests: int) -> bool | None:
+        """Whether drafting paid at ``requests`` (None: not measured both ways yet)."""
+        on, off = self.rate(True, requests), self.rate(False, requests)
+        return None if on is None or off is None else on >= off
+
+    def needs_plain(self, requests: int) -> bool:
+        """Whether plain decoding at ``requests`` has fewer than three probes' samples."""
+        return self._sums.get((False, requests), (0.0, 0.0, 0))[2] < 3 * self.min_off
+
+    def forget_drafting(self, requests: int) -> None:
+        """Drop the drafted steps' sums at ``requests``: after a pause drafting is measured
+        afresh (the drafts, the load or the prompts may have changed)."""
+        self._sums.pop((True, requests), None)
+
+
 # ------------------------------------------------------------------------- policy
+# Steps without drafting that measure plain decoding: the first verifies the last tree, the
+# next ones are plain steps (MeasuredRates needs min_off of them).
+PLAIN_PROBE_STEPS = 3
+
+
 @dataclass
 class BudgetChoice:
     """One step's choice: the trees in priority order and the nodes to verify of each."""
@@ -338,8 +429,10 @@ class AdaptiveBudget:
     gain_pseudo = 2.0  # tokens of prior weight on g = 1
 
     def __init__(self, max_depth: int, device: torch.device, probe_steps: int = 5,
-                 probe_every: int = 100, off_steps: int = 4, max_off_steps: int = 256) -> None:
+                 probe_every: int = 100, off_steps: int = 4, max_off_steps: int = 256,
+                 auto_width: AutoWidth | None = None, plain_every: int = 64) -> None:
         self.cost = StepCostModel()
+        self.auto_width = auto_width  # ``width: "auto"``: narrows the tree with the counts
         self.calibration = DepthCalibration(max_depth, device)
         self.probe_steps = probe_steps
         self.probe_every = probe_every
@@ -357,6 +450,10 @@ class AdaptiveBudget:
         self.gain_scale = 1.0  # g (host copy, read with each choice)
         self._drafted = False  # whether the current step drafted
         self._draft_ms = 0.0  # and how long the proposer took
+        self.measured = MeasuredRates()
+        self.plain_every = plain_every
+        self._drafted_before = False  # whether the step before the current one drafted
+        self._accepted: torch.Tensor | None = None  # nodes the current step accepted
 
     # ---- drafting on or off ----------------------------------------------------------
     def should_draft(self, requests: int) -> bool:
@@ -400,9 +497,15 @@ class AdaptiveBudget:
         fresh = self._rate is None
         self._rate = rate if fresh else (
             self.rate_smoothing * self._rate + (1 - self.rate_smoothing) * rate)
-        if self._rate >= self.required_gain * requests / plain_ms:
+        measured = self.measured.verdict(requests)
+        if self._rate >= self.required_gain * requests / plain_ms and measured is not False:
             self._backoff = self.off_steps
+            if (self.plain_every and self.steps % self.plain_every == 0
+                    and self.measured.needs_plain(requests)):
+                self._off_left = PLAIN_PROBE_STEPS  # measure plain decoding at this load
             return
+        if measured is False:
+            self.measured.forget_drafting(requests)
         self._off_left = self._backoff
         self._backoff = min(2 * self._backoff, self.max_off_steps)
         self._stopped_at = requests
@@ -442,15 +545,30 @@ class AdaptiveBudget:
         predicted = float(self.cost.predict(num_requests, nodes))
         return BudgetChoice(ordered, counts_host, expected_host, predicted)
 
+    def observe_scheduled(self, num_drafts: list[int]) -> None:
+        """The draft counts vLLM scheduled for this step's requests (host, the same on every
+        tensor-parallel rank, so every rank's next tree has the same width)."""
+        if self.auto_width is not None:
+            self.auto_width.update(num_drafts)
+
     def observe_step(self, requests: int, rows: int, nodes: int, ms: float) -> bool:
         """The previous step's wall time (it drafted as :meth:`record_drafting` said)."""
         drafted, draft_ms = self._drafted, self._draft_ms
+        drafted_before, self._drafted_before = self._drafted_before, drafted
+        accepted, self._accepted = self._accepted, None
         self._drafted, self._draft_ms = False, 0.0
+        if rows == requests + nodes:  # no prefill in the step
+            if drafted and drafted_before and (nodes == 0 or accepted is not None):
+                tokens = requests + (0.0 if accepted is None else float(accepted))
+                self.measured.observe(True, requests, tokens, ms)
+            elif not drafted and nodes == 0:
+                self.measured.observe(False, requests, float(requests), ms)
         return self.cost.observe(requests, rows, nodes, ms, drafted, draft_ms)
 
     def observe_acceptance(self, tree: DraftTree, num_accepted: torch.Tensor) -> None:
         """The verified trees of the last choice and their path lengths (root included)."""
         self.calibration.update(tree, num_accepted)
+        self._accepted = (num_accepted - 1).clamp(min=0).sum()  # read with the step's time
         if self._pending is not None:
             decay = self.gain_decay
             self._promised = decay * self._promised + self._pending
@@ -460,8 +578,10 @@ class AdaptiveBudget:
 
 __all__ = [
     "AdaptiveBudget",
+    "AutoWidth",
     "BudgetChoice",
     "DepthCalibration",
+    "MeasuredRates",
     "StepCostModel",
     "best_node_count",
     "counts_of_top",
