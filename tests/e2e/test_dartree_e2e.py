@@ -198,12 +198,11 @@ ADAPTIVE = {"budget_policy": "adaptive", "num_speculative_tokens": 24, "width": 
             "top_k": 16}
 
 
-def test_an_auto_width_narrows_the_tree_and_stays_lossless(engines, tiny_target, tiny_domino,
-                                                           baseline):
-    """``width: "auto"``: each drafted step's pruned tree is as wide as the most nodes a
-    request was given the step before (within ceil(B / D) .. the default width, the CPU's
-    here), read off the width histogram the budget exports; output stays target-only
-    decoding's."""
+def test_an_auto_width_stays_within_its_bounds_and_lossless(engines, tiny_target, tiny_domino,
+                                                            baseline):
+    """``width: "auto"``: every drafted step's pruned tree is between ceil(B / D) and the
+    default width wide (the CPU's here), read off the width histogram the budget exports;
+    output stays target-only decoding's. (How the width follows the counts: test_budget.)"""
     from prometheus_client import REGISTRY
 
     from vllm_dartree.config import parse_speculative_config
@@ -220,9 +219,8 @@ def test_an_auto_width_narrows_the_tree_and_stays_lossless(engines, tiny_target,
     total, steps = (a - b for a, b in zip(width_samples(), before))
     assert steps > 0
     widest = parse_speculative_config(dartree(tiny_domino, **settings), on_cpu=True).max_width
-    assert widest > 1
-    assert total < widest * steps  # some steps drafted narrower trees
-    assert total >= steps  # and none narrower than one branch
+    narrowest = -(-24 // 16)  # B = 24 nodes over the tiny Domino drafter's 16 depths
+    assert narrowest * steps <= total <= widest * steps
 
 
 def test_the_adaptive_budget_is_lossless_through_every_kind_of_step(engines, tiny_target,

@@ -395,26 +395,29 @@ def test_a_confidence_head_moves_each_depth_to_its_chain_survival():
     assert torch.equal(moved.tokens, tree.tokens) and torch.equal(moved.parents, tree.parents)
 
 
-def test_the_auto_width_follows_the_largest_count_within_its_bounds():
-    width = AutoWidth(max_width=12, budget=64, num_depths=16)
+def test_the_auto_width_follows_the_largest_recent_count_within_its_bounds():
+    width = AutoWidth(max_width=12, budget=64, num_depths=16, window=1)
     assert width.widths == [4, 8, 12]  # ceil(64 / 16) keeps W * D >= B; powers of two
     assert width.width == 12  # before any choice
     assert width.update([0, 7, 2]) == 8  # rounded up: still >= the largest count
     assert width.update([1, 0]) == 4
     assert width.update([30, 64]) == 12
-    assert width.update([]) == 4
-    cpu = AutoWidth(max_width=4, budget=6, num_depths=6)
+    assert width.update([]) == 12  # a step without drafts leaves the width as it was
+    assert width.update([0, 0]) == 12  # so does one that verified no node
+    cpu = AutoWidth(max_width=4, budget=6, num_depths=6, window=1)
     assert cpu.widths == [1, 2, 4]
-    assert [cpu.update([n]) for n in (0, 1, 2, 3, 5)] == [1, 1, 2, 4, 4]
+    assert [cpu.update([n]) for n in (1, 2, 3, 5, 0)] == [1, 2, 4, 4, 4]
     assert AutoWidth(max_width=2, budget=64, num_depths=4).widths == [2]  # max caps min
+    windowed = AutoWidth(max_width=4, budget=6, num_depths=6, window=3)
+    assert [windowed.update([n]) for n in (6, 1, 0, 1, 2, 1)] == [4, 4, 4, 4, 2, 2]
 
 
 def test_the_budget_hands_the_scheduled_counts_to_its_auto_width():
-    auto = AutoWidth(max_width=6, budget=24, num_depths=8)
+    auto = AutoWidth(max_width=6, budget=24, num_depths=8, window=1)
     policy = AdaptiveBudget(8, torch.device("cpu"), auto_width=auto)
     policy.observe_scheduled([4, 2, 0])
     assert (auto.widths, auto.width) == ([3, 4, 6], 4)
-    policy.observe_scheduled([])  # a step without drafts: the narrowest
+    policy.observe_scheduled([1])
     assert auto.width == 3
     AdaptiveBudget(8, torch.device("cpu")).observe_scheduled([5])  # no auto width: no-op
 
