@@ -58,7 +58,7 @@ def spec_counters(base: str) -> dict[str, float]:
     text = http_text(base + "/metrics")
     counters = {name: metric_value(text, f"vllm:spec_decode_{name}_total") or 0.0
                 for name in COUNTERS}
-    return counters | {part: metric_value(text, f"{WIDTH_METRIC}_{part}") or 0.0
+    return counters | {f"width_{part}": metric_value(text, f"{WIDTH_METRIC}_{part}") or 0.0
                        for part in ("sum", "count")}
 
 
@@ -82,13 +82,14 @@ def measure(base: str, prompts: list[list[int]], concurrency: int, config: Any) 
     drafts = after["num_drafts"] - before["num_drafts"]
     accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
     draft_tokens = after["num_draft_tokens"] - before["num_draft_tokens"]
-    width_steps = after["count"] - before["count"]
+    width_steps = after["width_count"] - before["width_count"]
     return {"concurrency": concurrency, "requests": count, "completion_tokens": tokens,
             "wall_s": round(wall, 3), "tokens_per_s": tokens / wall if wall else None,
             "mean_latency_s": sum(t for _, t, _ in done) / len(done),
             "tau_vllm": 1 + accepted / drafts if drafts else None,
             "drafts_per_step": draft_tokens / drafts if drafts else 0.0,
-            "mean_width": (after["sum"] - before["sum"]) / width_steps if width_steps else None,
+            "mean_width": ((after["width_sum"] - before["width_sum"]) / width_steps
+                           if width_steps else None),
             "texts": [text for _, _, text in done]}
 
 

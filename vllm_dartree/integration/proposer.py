@@ -72,9 +72,12 @@ class DARTreeProposer(DFlashProposer):
         self.graphs: CorrectionGraphs | None = None
         # The adaptive budget: the proposer asks it which nodes to hand over, the step tells
         # it what each step cost and what was accepted.
-        auto_width = (AutoWidth(self.settings.max_width, self.budget, self.tree_depths)
-                      if self.settings.auto_width else None)
-        self.budget_policy = (AdaptiveBudget(self.tree_depths, device, auto_width=auto_width)
+        # ``width: "auto"`` (adaptive only): the step feeds it the scheduled counts through
+        # the budget policy; the tree builder reads its width here.
+        self.auto_width = (AutoWidth(self.settings.max_width, self.budget, self.tree_depths)
+                           if self.settings.auto_width else None)
+        self.budget_policy = (AdaptiveBudget(self.tree_depths, device,
+                                             auto_width=self.auto_width)
                               if self.settings.adaptive else None)
         self.budget_report = BudgetReport() if self.settings.adaptive else None
 
@@ -95,9 +98,8 @@ class DARTreeProposer(DFlashProposer):
         max_requests = self.vllm_config.scheduler_config.max_num_seqs
         graphs = CorrectionGraphs(self.head, capture=True, max_bucket=bucket_size(max_requests))
         variants = {self.settings.tree, "chain"}  # chain: batches verified as chains
-        policy = self.budget_policy
-        auto = policy.auto_width if policy is not None else None
-        for width in auto.widths if auto is not None else [self.settings.max_width]:
+        widths = self.auto_width.widths if self.auto_width else [self.settings.max_width]
+        for width in widths:
             capture_all_shapes(graphs, variants, max_requests, self.tree_depths,
                                self.budget, self.top_k, width)
         return graphs
@@ -121,10 +123,7 @@ class DARTreeProposer(DFlashProposer):
     @property
     def tree_width(self) -> int:
         """W of this step's pruned tree: the configured width, or the auto width's choice."""
-        policy = self.budget_policy
-        if policy is not None and policy.auto_width is not None:
-            return policy.auto_width.width
-        return self.settings.max_width
+        return self.auto_width.width if self.auto_width else self.settings.max_width
 
     @property
     def top_k(self) -> int:

@@ -158,19 +158,22 @@ class AutoWidth:
         widths = {ceil(B / D)} + {powers of two between} + {W_max}
 
     n_r: the nodes scheduled for request r in a step; B nodes per tree, D depths, W_max the
-    widest allowed. Steps that verified nothing (not drafted, or no node paid) say nothing
-    about the width a tree needs, so they leave it as it was: the first tree after a pause
-    is as wide as the trees before it (a chain after every pause biased the decision to
-    resume drafting against trees: serving run 6-check). A selection of n nodes holds at most n nodes of any one depth, and
+    widest allowed. A selection of n nodes holds at most n nodes of any one depth, and
     within a depth the budget ranks nodes by path score, as the pruned tree's per-depth
     top-W does; so a width of at least n keeps (up to the calibration's per-depth caps)
     every node the budget would pick, while the correction head scores W * K candidates per
-    request and depth. The window keeps the width up while some recent step used it (one
-    step's count says little about the next one's: at low load a confident step is often
-    followed by a doubtful one), so the tree narrows only when the load has kept every
-    request to a few nodes. ``ceil(B / D)`` keeps W * D >= B, so a tree still holds B
-    nodes and a request can be given more. Rounding up to a power of two leaves a handful
-    of widths, so a GPU captures the head's graphs for each at start-up.
+    request and depth.
+
+    The window keeps the width up while some recent step used it (one step's count says
+    little about the next one's: at low load a confident step is often followed by a
+    doubtful one), so the tree narrows only when the load has kept every request to a few
+    nodes. Steps that verified nothing (not drafted, or no node paid) say nothing about the
+    width a tree needs and leave it as it was, so the first tree after a pause is as wide
+    as the trees before it (a chain after every pause biased the decision to resume
+    drafting against trees: serving run 6-check). ``ceil(B / D)`` keeps W * D >= B, so a
+    tree still holds B nodes and a request can be given more. Rounding up to a power of
+    two leaves a handful of widths, so a GPU captures the head's graphs for each at
+    start-up.
     """
 
     def __init__(self, max_width: int, budget: int, num_depths: int, window: int = 16
@@ -183,9 +186,10 @@ class AutoWidth:
 
     def update(self, counts: list[int]) -> int:
         """The width for the next drafted step, after a step scheduled ``counts`` [R]."""
-        if max(counts, default=0) == 0:
+        largest = max(counts, default=0)
+        if largest == 0:
             return self.width
-        self._recent.append(max(counts))
+        self._recent.append(largest)
         most = max(self._recent)
         self.width = next((w for w in self.widths if w >= most), self.widths[-1])
         return self.width
