@@ -144,7 +144,7 @@ def test_a_whole_step_against_naive_walks(seed):
 
     # Target forward: depth positions inside, sequential positions after.
     positions = torch.arange(num_rows) + 100
-    with step.target_forward(positions, kv_caches="the layers") as active:
+    with step.target_forward(positions, kv_caches=lambda: "the layers") as active:
         assert tree_context.active_plan() is active is plan
         for req in plan.req_ids:
             root, node_rows, _ = layout[req]
@@ -235,7 +235,7 @@ def test_batches_that_read_the_drafted_prefix_are_left_to_vllm():
     step, _, _ = make_step(gen)
     assert step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, CHAIN_TOKENS, True) is None
     positions = torch.arange(24)
-    with step.target_forward(positions, None) as active:
+    with step.target_forward(positions, lambda: None) as active:
         assert active is None and tree_context.active_plan() is None
     assert step.accept(torch.zeros(18, VOCAB), SimpleNamespace(all_greedy=True), 6) is None
 
@@ -266,7 +266,7 @@ def test_no_host_sync_in_a_tree_step():
     for sampling in (SimpleNamespace(all_greedy=True), sampling_of(5, 1)):
         with HostSyncCounter() as syncs:
             step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, CHAIN_TOKENS, False)
-            with step.target_forward(torch.arange(24), None):
+            with step.target_forward(torch.arange(24), lambda: None):
                 pass
             step.accept(logits, sampling, max_spec_len=6)
             step.draft_context(torch.randn(24, 16))

@@ -154,6 +154,24 @@ def test_an_idle_gap_is_not_taken_for_cost():
     assert (model.coefficients == before).all()
 
 
+def test_the_fit_is_solved_when_read_and_screened_against_a_recent_solve(monkeypatch):
+    """Observing alone (a pause in drafting) solves once per ``screen_lag`` samples, for the
+    outlier screen; reading the coefficients solves whatever was added since."""
+    from vllm_dartree.tree import budget as budget_module
+
+    solves = []
+    solve = budget_module.nonnegative_least_squares
+    monkeypatch.setattr(budget_module, "nonnegative_least_squares",
+                        lambda *args: solves.append(1) or solve(*args))
+    model = LinearCost(("step", "row"), warmup=4, screen_lag=16)
+    for i in range(64):
+        rows = 1 + i % 7
+        assert model.observe(10.0 + 2.0 * rows, 1.0, rows)
+    assert 1 <= len(solves) <= 64 // 16 + 1
+    assert model.coefficients.tolist() == pytest.approx([10.0, 2.0], abs=0.05)
+    assert not model.observe(5000.0, 1.0, 3)  # screened against the fit just read
+
+
 def test_a_barely_varying_batch_size_does_not_buy_a_huge_intercept():
     """Requests fixed at 16 for long, then a few finish: an unconstrained fit answers with a
     large intercept and a negative per-request cost; the non-negative fit keeps predicting."""

@@ -8,6 +8,10 @@ nodes can reach, not B itself) and what
 happens to the drafter's outputs: they become trees, handed to the engine's
 :class:`~vllm_dartree.integration.step.TreeStep` for the next step's verification.
 Acceptance is not here (``verifier.py``).
+
+A step that does not draft (the adaptive budget's pause) owes the drafter's cache its
+committed tokens' context K/V; :class:`PendingContext` keeps them and the next drafted step
+writes them in one pass (see there why that is exact).
 """
 
 from __future__ import annotations
@@ -40,6 +44,41 @@ def same_on_every_rank(decision: bool) -> bool:
     if group.world_size == 1:
         return decision
     return bool(group.broadcast_object(decision, src=0))
+
+
+class PendingContext:
+    """Context the drafter's cache is owed: the target states, positions and cache slots of
+    the tokens committed by steps that did not draft, in step order.
+
+    Writing them late is exact. Only a drafted step's query reads the drafter's cache, and
+    every drafted step first writes whatever is pending; each write goes to the same slot,
+    in the same order, as it would have at its own step, so any slot a query reads holds
+    the same K/V (a slot freed and handed to another request is overwritten by the newer
+    write, as before). What it saves: per paused step the combining projection of the
+    target's layers and the K/V projections of every drafter layer, each a weight read for
+    a few rows (SmolLM2 pair on the CPU: 1.1 of 1.4 ms a step at batch 1, next to a 53 ms
+    AR step), paid instead once per pause as a batched matmul. ``limit`` (vLLM's
+    per-step token budget) bounds what is held: reaching it writes the lot.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.tokens = 0
+        self._parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def add(self, states: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> bool:
+        """Hold one step's context (copies: vLLM reuses these buffers); True when the
+        held tokens reached ``limit`` and should be written now."""
+        self._parts.append((states.clone(), positions.clone(), slots.clone()))
+        self.tokens += states.shape[0]
+        return self.tokens >= self.limit
+
+    def take(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Everything held, concatenated in step order (None when nothing is)."""
+        parts, self._parts, self.tokens = self._parts, [], 0
+        if not parts:
+            return None
+        return tuple(torch.cat(column) for column in zip(*parts))
 
 
 def dartree_settings(vllm_config) -> DARTreeConfig | None:
@@ -80,6 +119,8 @@ class DARTreeProposer(DFlashProposer):
                                              auto_width=self.auto_width)
                               if self.settings.adaptive else None)
         self.budget_report = BudgetReport() if self.settings.adaptive else None
+        self.pending_context = PendingContext(
+            vllm_config.scheduler_config.max_num_batched_tokens)
 
     def load_model(self, target_model) -> None:
         super().load_model(target_model)
@@ -136,12 +177,16 @@ class DARTreeProposer(DFlashProposer):
         started = time.perf_counter()
         target_hidden_states = self.tree_step.draft_context(target_hidden_states)
         if not self._drafts_this_step(next_token_ids.shape[0]):
-            # Context only: the drafter's KV still gets every committed token, no block is
-            # queried, and the next step verifies nothing (plain decoding).
-            self._store_context(target_token_ids, target_positions, target_hidden_states,
-                                next_token_ids, common_attn_metadata, num_rejected_tokens_gpu)
-            self.budget_policy.record_drafting(False, (time.perf_counter() - started) * 1e3)
+            # Context only: the committed tokens' K/V are owed to the drafter's cache (the
+            # next drafted step writes them), no block is queried, and the next step
+            # verifies nothing (plain decoding).
+            written_ms = self._hold_context(
+                target_token_ids, target_positions, target_hidden_states, next_token_ids,
+                common_attn_metadata, num_rejected_tokens_gpu)
+            self.budget_policy.record_drafting(False, (time.perf_counter() - started) * 1e3,
+                                               set_aside_ms=written_ms)
             return [[] for _ in range(next_token_ids.shape[0])]
+        written_ms = self._write_pending_context()
         with StepProfile.phase("drafter_forward", self.device):
             depth_hidden = self._draft_block(
                 target_token_ids, target_positions, target_hidden_states, next_token_ids,
@@ -178,7 +223,8 @@ class DARTreeProposer(DFlashProposer):
         self.budget_report.record(choice, self.budget_policy, width)
         self.tree_step.hand_over(list(req_ids), choice.tree, chains=variant == "chain")
         tokens = choice.tree.tokens.tolist()
-        self.budget_policy.record_drafting(True, (time.perf_counter() - started) * 1e3)
+        self.budget_policy.record_drafting(True, (time.perf_counter() - started) * 1e3,
+                                           set_aside_ms=written_ms)
         return [row[:count] for row, count in zip(tokens, choice.counts)]
 
     def _with_chain_confidence(self, tree: DraftTree, depth_hidden: torch.Tensor,
@@ -203,12 +249,15 @@ class DARTreeProposer(DFlashProposer):
         return drafting
 
     def _lay_out(self, target_token_ids, target_positions, target_hidden_states,
-                 next_token_ids, cad, num_rejected_tokens_gpu, mask_slots: int):
+                 next_token_ids, cad, num_rejected_tokens_gpu, mask_slots: int,
+                 combine: bool = True):
         """vLLM's DFlash input layout for this step: the context (every token the target
         computed) and a query of [root, mask x ``mask_slots``] per request. Returns the
-        query's token count and attention metadata."""
+        query's token count and attention metadata. ``combine=False`` leaves the target's
+        states uncombined (a held context is combined when it is written)."""
         self.num_speculative_tokens = mask_slots  # vLLM's DFlash reads it as the mask count
-        context = self.model.combine_hidden_states(target_hidden_states)
+        context = (self.model.combine_hidden_states(target_hidden_states) if combine
+                   else target_hidden_states)
         num_tokens, _, draft_cad = self.set_inputs_first_pass(
             target_token_ids=target_token_ids, next_token_ids=next_token_ids,
             target_positions=target_positions, target_hidden_states=context,
@@ -216,11 +265,29 @@ class DARTreeProposer(DFlashProposer):
         )
         return num_tokens, draft_cad
 
-    def _store_context(self, *step_inputs) -> None:
-        """A step that does not draft: its committed tokens' K/V go into the drafter's cache
-        (so a later block sees them) and no query runs (its output would be unused)."""
-        num_tokens, _ = self._lay_out(*step_inputs, mask_slots=0)
-        self.build_model_inputs_first_pass(num_tokens, num_tokens, None)  # writes context K/V
+    def _hold_context(self, *step_inputs) -> float:
+        """A step that does not draft: its committed tokens' states, positions and slots
+        are held for the drafter's cache (so a later block sees them) and no query runs.
+        Returns the ms spent writing held context (when the hold reached its limit)."""
+        self._lay_out(*step_inputs, mask_slots=0, combine=False)
+        count = self._dflash_num_context  # the context rows DFlash's layout wrote
+        full = self.pending_context.add(self._dflash_hidden_states[:count],
+                                        self._context_positions_buffer[:count],
+                                        self._context_slot_mapping_buffer[:count])
+        return self._write_pending_context() if full else 0.0
+
+    def _write_pending_context(self) -> float:
+        """Write every held context into the drafter's cache (one combining projection and
+        one K/V pass over all of it); returns the ms it took."""
+        held = self.pending_context.take()
+        if held is None:
+            return 0.0
+        started = time.perf_counter()
+        states, positions, slots = held
+        with StepProfile.phase("drafter_forward", self.device):
+            self.model.precompute_and_store_context_kv(
+                self.model.combine_hidden_states(states), positions, slots)
+        return (time.perf_counter() - started) * 1e3
 
     def _draft_block(self, *step_inputs) -> torch.Tensor:
         """One drafter forward over [root, mask x (block-1)]: hidden state per depth [R, D, H]."""

@@ -100,7 +100,7 @@ class DepthPositions(VllmPatch):
             step = tree_step_of(self)
             if step is None:
                 return original(self, *args, **kwargs)
-            with step.target_forward(kwargs.get("positions"), target_kv_caches(self)):
+            with step.target_forward(kwargs.get("positions"), lambda: target_kv_caches(self)):
                 return original(self, *args, **kwargs)
 
         return _model_forward

@@ -112,16 +112,17 @@ class TreeStep:
 
     # ---- phase 2: the target forward ----------------------------------------------------
     @contextmanager
-    def target_forward(self, positions: torch.Tensor | None, kv_caches: Any
+    def target_forward(self, positions: torch.Tensor | None, kv_caches: Callable[[], Any]
                        ) -> Iterator[VerifyPlan | None]:
         """Around the target's forward: depth positions written into vLLM's positions buffer
         (in place: CUDA-graph replays read it; restored afterwards, before the drafter and
-        sampler read it) and the plan published to the attention backends."""
+        sampler read it) and the plan published to the attention backends. ``kv_caches()``
+        (the target layers' KV, for compaction) is asked only when there is a plan."""
         plan = self._plan
         if plan is None or positions is None:
             yield None
             return
-        self._kv_caches = kv_caches
+        self._kv_caches = kv_caches()
         sequential = positions[plan.node_rows].clone()
         positions[plan.node_rows] = depth_position_values(plan, positions)
         try:

@@ -157,6 +157,18 @@ NAMES: tuple[VllmName, ...] = _names(
     VllmName(f"{PROPOSER}.set_inputs_first_pass",
              ("target_token_ids", "next_token_ids", "target_positions", "target_hidden_states",
               "token_indices_to_sample", "cad", "num_rejected_tokens_gpu")),
+    VllmName(f"{PROPOSER}._dflash_num_context",
+             use="private: the context rows set_inputs_first_pass laid out (held while "
+                 "drafting pauses)"),
+    VllmName(f"{PROPOSER}._dflash_hidden_states", use="private: those rows' target states"),
+    VllmName(f"{PROPOSER}._context_positions_buffer", use="private: their positions"),
+    VllmName(f"{PROPOSER}._context_slot_mapping_buffer", use="private: their cache slots"),
+    VllmName("vllm.model_executor.models.qwen3_dflash:"
+             "DFlashQwen3ForCausalLM.precompute_and_store_context_kv",
+             ("context_states", "context_positions", "context_slot_mapping"),
+             use="writes held context into the drafter's cache"),
+    VllmName("vllm.config.scheduler:SchedulerConfig.max_num_batched_tokens",
+             use="the most context held before it is written"),
     VllmName(f"{PROPOSER}.build_per_group_and_layer_attn_metadata", ("cad",)),
     VllmName(f"{PROPOSER}.build_model_inputs_first_pass",
              ("num_tokens", "num_input_tokens", "mm_embed_inputs")),

@@ -37,8 +37,8 @@ dropped and measured afresh after the pause). Every ``plain_every``-th drafted s
 drafting for a few steps until three such probes have measured plain steps at this batch
 size.
 
-A step that does not draft still feeds the drafter its context (so later drafts see
-every committed token) but queries no block; such steps repeat with a doubling back-off
+A step that does not draft still owes the drafter its context (so later drafts see
+every committed token; the proposer writes it when drafting resumes) but queries no block; such steps repeat with a doubling back-off
 (``off_steps`` .. ``max_off_steps``) between single drafted probes. A pause ends early
 when the batch has shrunk below the size at which drafting stopped and the cost model,
 with the gain and tree size per request last seen, predicts that a tree now pays (with
@@ -205,6 +205,11 @@ class LinearCost:
     a negative slope whenever a feature barely varies), plus a small ridge so the fit starts
     defined. A sample far above the prediction (an idle engine between requests) is not
     evidence of cost and is skipped once the model has seen ``warmup`` samples.
+
+    The fit is solved when the coefficients are next read, not at every sample: a pause in
+    drafting observes every step but predicts nothing, and a solve costs about a millisecond
+    of host time next to a 50 ms step on a CPU. The outlier screen reads a fit at most
+    ``screen_lag`` samples old.
     """
 
     terms: tuple[str, ...]
@@ -212,29 +217,41 @@ class LinearCost:
     ridge: float = 1e-3
     warmup: int = 8
     outlier_ratio: float = 3.0
+    screen_lag: int = 16
     observed: int = 0
     _gram: np.ndarray = field(init=False)
     _moment: np.ndarray = field(init=False)
-    coefficients: np.ndarray = field(init=False)
+    _solved: np.ndarray = field(init=False)  # the fit as of the last solve
+    _unsolved: int = field(init=False, default=0)  # samples added since
 
     def __post_init__(self) -> None:
         size = len(self.terms)
-        self._gram, self._moment, self.coefficients = (np.zeros((size, size)), np.zeros(size),
-                                                       np.zeros(size))
+        self._gram, self._moment, self._solved = (np.zeros((size, size)), np.zeros(size),
+                                                  np.zeros(size))
+
+    @property
+    def coefficients(self) -> np.ndarray:
+        if self._unsolved:
+            self._solved = nonnegative_least_squares(
+                self._gram + self.ridge * np.eye(len(self.terms)), self._moment)
+            self._unsolved = 0
+        return self._solved
 
     def predict(self, *x: float) -> float:
         return float(self.coefficients @ np.asarray(x, dtype=np.float64))
 
     def observe(self, ms: float, *x: float) -> bool:
         """Add one sample; False when it was skipped as an idle gap."""
-        if self.observed >= self.warmup and ms > self.outlier_ratio * self.predict(*x):
-            return False
         x = np.asarray(x, dtype=np.float64)
+        if self.observed >= self.warmup:
+            fresh = self._unsolved >= self.screen_lag or not self._solved.any()
+            fit = self.coefficients if fresh else self._solved
+            if ms > self.outlier_ratio * float(fit @ x):
+                return False
         self._gram = self.decay * self._gram + np.outer(x, x)
         self._moment = self.decay * self._moment + ms * x
         self.observed += 1
-        self.coefficients = nonnegative_least_squares(
-            self._gram + self.ridge * np.eye(len(x)), self._moment)
+        self._unsolved += 1
         return True
 
     def describe(self) -> str:
@@ -465,6 +482,7 @@ class AdaptiveBudget:
         self.gain_scale = 1.0  # g (host copy, read with each choice)
         self._drafted = False  # whether the current step drafted
         self._draft_ms = 0.0  # and how long the proposer took
+        self._set_aside_ms = 0.0  # of the step's time: writing context held by a pause
         self.measured = MeasuredRates()
         self.plain_every = plain_every
         self._drafted_before = False  # whether the step before the current one drafted
@@ -488,10 +506,13 @@ class AdaptiveBudget:
         plain_ms = float(self.cost.predict(requests, 0, drafting=False))
         return plain_ms > 0 and (1 + gain) / tree_ms >= self.required_gain / plain_ms
 
-    def record_drafting(self, drafted: bool, ms: float) -> None:
+    def record_drafting(self, drafted: bool, ms: float, set_aside_ms: float = 0.0) -> None:
         """What this step's proposer did (after the ranks agreed) and its wall time, for the
-        cost model's next sample."""
-        self._drafted, self._draft_ms = drafted, ms
+        cost model's next sample. ``set_aside_ms`` of it wrote context held from earlier
+        steps that did not draft: a cost of those steps, spread over a pause, so it is left
+        out of this step's time."""
+        self._drafted, self._draft_ms = drafted, ms - set_aside_ms
+        self._set_aside_ms = set_aside_ms
 
     def _update_worth(self, requests: int, expected: float, nodes: int) -> None:
         """After a drafted step: keep drafting, or back off (doubling) while it does not pay.
@@ -571,7 +592,8 @@ class AdaptiveBudget:
         drafted, draft_ms = self._drafted, self._draft_ms
         drafted_before, self._drafted_before = self._drafted_before, drafted
         accepted, self._accepted = self._accepted, None
-        self._drafted, self._draft_ms = False, 0.0
+        ms -= self._set_aside_ms
+        self._drafted, self._draft_ms, self._set_aside_ms = False, 0.0, 0.0
         if rows == requests + nodes:  # no prefill in the step
             if drafted and drafted_before and (nodes == 0 or accepted is not None):
                 tokens = requests + (0.0 if accepted is None else float(accepted))
