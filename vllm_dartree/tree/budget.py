@@ -295,7 +295,7 @@ attention set-up, acceptance, KV compaction).
     def __init__(self) -> None:
         self.target = LinearCost(("step", "request", "row", "tree step"))
         self.drafting = LinearCost(("drafting step", "drafted request"))
-        self.context_ms = 0.0  # a step that only feeds the drafter its context (EMA)
+        self.context_ms = 0.0  # a step that does not draft: it holds its context (EMA)
         self._context_steps = 0
 
     @property
