@@ -21,7 +21,7 @@ import statistics
 import time
 
 from vllm_dartree.bench.run import default_drafter, default_target
-from vllm_dartree.harness.engine import build_llm, prepare_process
+from vllm_dartree.harness.engine import build_llm, drafter_of, prepare_process
 
 PROMPT_LEN = 300
 
@@ -65,8 +65,7 @@ def main() -> None:
     ar = build_llm(**common)
     dartree = build_llm(**common, speculative_config={
         "method": "dartree", "model": str(default_drafter()), "budget_policy": "adaptive"})
-    pending = dartree.llm_engine.model_executor.driver_worker.worker.model_runner.drafter \
-        .pending_context
+    pending = drafter_of(dartree).pending_context
     hold = pending.limit
     settings = {"ar": (ar, None), "held context": (dartree, hold),
                 "context every step": (dartree, 1)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_dartree.harness.engine import generate_ids
+from vllm_dartree.harness.engine import drafter_of, generate_ids
 from vllm_dartree.models.tiny import TargetSpec, random_prompts
 from vllm_dartree.tree.budget import AdaptiveBudget
 
@@ -17,10 +17,6 @@ pytestmark = pytest.mark.e2e
 PROMPTS = random_prompts(12, TargetSpec().vocab_size, seed=5, min_len=2, max_len=60)
 SPEC = {"method": "dartree", "budget_policy": "adaptive", "num_speculative_tokens": 12,
         "width": 4, "top_k": 8}
-
-
-def drafter_of(llm):
-    return llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter
 
 
 def drafter_caches(llm) -> list[torch.Tensor]:

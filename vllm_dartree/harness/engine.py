@@ -88,6 +88,11 @@ def generate_ids(llm, prompts: list[list[int]], sampling_params) -> list[list[in
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
+def drafter_of(llm):
+    """The speculative proposer of an in-process engine (uni executor)."""
+    return llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter
+
+
 def spec_decode_counters(llm) -> dict[str, Any]:
     """vLLM's speculative-decoding counters (drafts, draft/accepted tokens, per position)."""
     found: dict[str, Any] = {}

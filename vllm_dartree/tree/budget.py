@@ -38,11 +38,12 @@ drafting for a few steps until three such probes have measured plain steps at th
 size.
 
 A step that does not draft still owes the drafter its context (so later drafts see
-every committed token; the proposer writes it when drafting resumes) but queries no block; such steps repeat with a doubling back-off
-(``off_steps`` .. ``max_off_steps``) between single drafted probes. A pause ends early
-when the batch has shrunk below the size at which drafting stopped and the cost model,
-with the gain and tree size per request last seen, predicts that a tree now pays (with
-fewer requests each step's fixed cost weighs more).
+every committed token; the proposer writes it when drafting resumes) but queries no
+block; such steps repeat with a doubling back-off (``off_steps`` .. ``max_off_steps``)
+between single drafted probes. A pause ends early when the batch has shrunk below the
+size at which drafting stopped and the cost model, with the gain and tree size per request
+last seen, predicts that a tree now pays (with fewer requests each step's fixed cost
+weighs more).
 
 Each request's nodes are put in priority order (:func:`priority_order`), so that any
 prefix of columns is a subtree: the chosen count of a request is just how many of its
@@ -244,7 +245,8 @@ class LinearCost:
         """Add one sample; False when it was skipped as an idle gap."""
         x = np.asarray(x, dtype=np.float64)
         if self.observed >= self.warmup:
-            fresh = self._unsolved >= self.screen_lag or not self._solved.any()
+            never_solved = self._unsolved == self.observed
+            fresh = never_solved or self._unsolved >= self.screen_lag
             fit = self.coefficients if fresh else self._solved
             if ms > self.outlier_ratio * float(fit @ x):
                 return False
