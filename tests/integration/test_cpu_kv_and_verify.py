@@ -132,7 +132,8 @@ def test_block_path_equals_the_element_path_and_a_naive_loop(isa, dtype, all_row
                                    k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
     num_rows = sum(plain) + sum(1 + n for n in drafts)
     query = torch.randn(num_rows + 2, heads, head, generator=gen).to(dtype)  # + 2 padding
-    gather = plan_tree_attention(plan, seq_lens, table, block, all_rows=all_rows)
+    gather = plan_tree_attention(plan, seq_lens, table, block, all_rows=all_rows,
+                                 group=heads // kv_heads)
     assert gather.dense == (trees_only and all_rows)
     assert fast_layout(kv_cache, isa)
     untouched = 7.0

@@ -139,7 +139,8 @@ class TreeAttentionPlan:
     out_rows: torch.Tensor  # [M] query rows of the recomputed slots
     out_slots: torch.Tensor  # [M] their index in the flattened [T * Q] slots
     blocks: torch.Tensor  # [T, nblk] the requests' KV blocks (padded with a real block)
-    bias: torch.Tensor  # float [T, 1, Q, nblk * block]: 0 visible, -inf hidden
+    bias: torch.Tensor  # float [T, 1, G * Q, L]: 0 visible, -inf hidden (G query heads per
+    #                     kv head, rows ordered (g, q) as the grouped queries are)
     slots: torch.Tensor  # [T, L] KV slot of each key position 0..L-1 (element-gather path)
     visible: torch.Tensor  # bool [T, Q, L] prefix, then ancestors in the tree part
     dense: bool  # host: the slots are the forward's rows 0..T*Q-1 in order, none padding
@@ -150,7 +151,10 @@ class TreeAttentionPlan:
 
 
 def plan_tree_attention(plan: VerifyPlan, seq_lens: torch.Tensor, block_table: torch.Tensor,
-                        block_size: int, all_rows: bool = False) -> TreeAttentionPlan:
+                        block_size: int, all_rows: bool = False, group: int = 1
+                        ) -> TreeAttentionPlan:
+    """The gather indices and masks of one step, shared by every layer; ``group`` is the
+    number of query heads per kv head."""
     lengths = seq_lens[plan.batch_index].to(torch.int64)  # [T] prefix + 1 + n
     num_rows = 1 + plan.num_drafts
     if all_rows:
@@ -181,11 +185,18 @@ def plan_tree_attention(plan: VerifyPlan, seq_lens: torch.Tensor, block_table: t
         out_rows=seg_rows[recomputed],
         out_slots=torch.arange(recomputed.numel()).view_as(recomputed)[recomputed],
         blocks=torch.where(used, tables, tables[:, :1]),
-        bias=torch.zeros(visible.shape).masked_fill(~visible, float("-inf")).unsqueeze(1),
+        bias=_grouped_bias(visible[..., :max_len], group),
         slots=tables.gather(1, pos // block_size) * block_size + pos % block_size,
         visible=visible[..., :max_len],
         dense=dense,
     )
+
+
+def _grouped_bias(visible: torch.Tensor, group: int) -> torch.Tensor:
+    """bool [T, Q, L] -> float [T, 1, group * Q, L], 0 where visible and -inf elsewhere."""
+    num_req, num_rows, length = visible.shape
+    bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
+    return bias.unsqueeze(1).expand(-1, group, -1, -1).reshape(num_req, 1, -1, length)
 
 
 def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
@@ -193,8 +204,12 @@ def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
     """Attention of every recomputed verify row over prefix + ancestors, written into
     ``output`` [N, heads, head_size] at ``plan.out_rows`` (no other row is touched).
 
-    Whole KV blocks are gathered through strided views where vLLM's page layout allows it,
-    then one fused attention call per layer; otherwise element by element.
+    Where vLLM's page layout stores keys transposed (``[K^T | V]`` per block and kv head),
+    the request's blocks are copied whole, the keys stay transposed (exactly what ``Q K^T``
+    multiplies by), and attention is two batched matmuls around a softmax, one batch entry
+    per (request, kv head) holding all of that head's query heads: SDPA would need the keys
+    untransposed, a strided copy that cost more than its own matmuls. Otherwise element by
+    element (:func:`tree_attention_by_elements`).
     """
     if not fast_layout(kv_cache, isa):
         tree_attention_by_elements(query, kv_cache, isa, plan, scale, output)
@@ -202,19 +217,18 @@ def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
     keys, values = block_views(kv_cache)
     num_req, num_blocks = plan.blocks.shape
     _, kv_heads, head, block = keys.shape
-    width = num_blocks * block
+    length = plan.bias.shape[-1]  # the longest request's prefix + tree, not whole blocks
     index = plan.blocks.view(-1)
-    # One gather each, read through [blocks, block, kvh, D] views of the pages, so the
-    # copy lands token-major; [T, L, kvh, D] -> [T, kvh, L, D] is then a free transpose.
-    k = keys.permute(0, 3, 1, 2).index_select(0, index)
-    v = values.transpose(1, 2).index_select(0, index)
-    k, v = (t.view(num_req, width, kv_heads, head).transpose(1, 2) for t in (k, v))
-    q = _tree_queries(query, plan)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.float(), k.float(), v.float(), attn_mask=plan.bias, scale=scale,
-        enable_gqa=q.shape[1] != kv_heads,
-    )
-    _write_rows(output, out, plan)
+    k = (keys.index_select(0, index).view(num_req, num_blocks, kv_heads, head, block)
+         .permute(0, 2, 3, 1, 4).reshape(num_req * kv_heads, head, num_blocks * block))
+    v = (values.index_select(0, index).view(num_req, num_blocks, kv_heads, block, head)
+         .transpose(1, 2).reshape(num_req * kv_heads, num_blocks * block, head))
+    q = _tree_queries(query, plan)  # [T, heads, Q, D]; heads h and kv head h // group
+    grouped = q.reshape(num_req * kv_heads, -1, head).float()
+    bias = plan.bias.expand(-1, kv_heads, -1, -1).reshape(-1, *plan.bias.shape[2:])
+    scores = torch.baddbmm(bias, grouped, k[..., :length].float(), alpha=scale)
+    out = torch.bmm(scores.softmax(dim=-1), v[:, :length].float())
+    _write_rows(output, out.view(q.shape), plan)
 
 
 def tree_attention_by_elements(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
@@ -283,7 +297,8 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
                 f"dartree tree verification on CPU does not support {self._tree_unsupported}"
             )
         with StepProfile.phase("tree_attention"):
-            gather = _layer_plan(plan, attn_metadata, kv_cache.shape[2], all_rows)
+            gather = _layer_plan(plan, attn_metadata, kv_cache.shape[2], all_rows,
+                                 self.num_heads // kv_cache.shape[1])
             if gather.empty:  # every verified row is on its request's causal prefix
                 return output
             tree_attention(query.view(query.shape[0], self.num_heads, self.head_size),
@@ -292,12 +307,12 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         return output
 
 
-def _layer_plan(plan: VerifyPlan, attn_metadata, block_size: int, all_rows: bool
-                ) -> TreeAttentionPlan:
+def _layer_plan(plan: VerifyPlan, attn_metadata, block_size: int, all_rows: bool,
+                group: int) -> TreeAttentionPlan:
     """The gather plan for this forward's metadata, computed by the first layer and reused."""
-    key = ("cpu", id(plan), id(attn_metadata.block_table), block_size, all_rows)
+    key = ("cpu", id(plan), id(attn_metadata.block_table), block_size, all_rows, group)
     return step_cached(key, lambda: plan_tree_attention(
-        plan, attn_metadata.seq_lens, attn_metadata.block_table, block_size, all_rows))
+        plan, attn_metadata.seq_lens, attn_metadata.block_table, block_size, all_rows, group))
 
 
 def move_accepted_kv(accepted: AcceptedPaths,
