@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from vllm_dartree.env import project_root
 from vllm_dartree.models import smollm2
@@ -86,7 +87,7 @@ def test_the_16k_token_head_is_lossless_and_accepts_as_much(engines, model_dir, 
 
     from vllm_dartree.bench.methods import TreeParams, speculative_config
     from vllm_dartree.bench.run import counter_delta
-    from vllm_dartree.harness.engine import generate_ids, spec_decode_counters
+    from vllm_dartree.harness.engine import drafter_of, generate_ids, spec_decode_counters
     from vllm_dartree.models.draft_vocab import ensure_reduced_smollm2_drafter
 
     drafter = ensure_reduced_smollm2_drafter()
@@ -97,3 +98,14 @@ def test_the_16k_token_head_is_lossless_and_accepts_as_much(engines, model_dir, 
     assert out == target_only
     tau = counter_delta(before, spec_decode_counters(llm))["tau_vllm"]
     assert tau > taus["dartree-pruned"] - 0.15, (tau, taus)
+    # The tree core reads the head's 16k columns and their token ids: scattered back, they
+    # are vLLM's full-vocabulary logits (every other column -inf).
+    model = drafter_of(llm).model
+    hidden = torch.randn(5, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    columns, ids = model.draft_logits(hidden, min_columns=16)
+    assert columns.shape == (5, 16384) and bool((ids[1:] > ids[:-1]).all())
+    full = torch.full((5, model.config.vocab_size), float("-inf"))
+    full[:, ids] = columns
+    assert torch.equal(full, model.compute_logits(hidden))
+    wide, no_ids = model.draft_logits(hidden, min_columns=20000)  # more than the head has
+    assert no_ids is None and torch.equal(wide, full)

@@ -427,3 +427,25 @@ def test_depths_past_the_budget_never_change_a_tree(variant, budget):
     cut = build_tree(variant, base[:, :budget], hidden[:, :budget], root, head, **settings)
     for name in ("tokens", "parents", "depths", "valid", "num_nodes"):
         assert torch.equal(getattr(full, name), getattr(cut, name)), name
+
+
+@pytest.mark.parametrize("with_head", [True, False])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_reduced_vocab_columns_build_the_full_vocab_tree(variant, with_head):
+    """Logits over part of the vocabulary plus each column's token id (a reduced draft
+    head) give the tree built over the full row with -inf elsewhere, ties included."""
+    gen = torch.Generator().manual_seed(5)
+    vocab, kept = 60, 25
+    base, hidden, root, head = make_inputs(2, 2, 5, vocab, with_head=with_head)
+    ids = torch.randperm(vocab, generator=gen)[:kept].sort().values
+    reduced = torch.randint(0, 4, (2, 5, kept), generator=gen).float()  # many ties
+    full = torch.full((2, 5, vocab), float("-inf"))
+    full[..., ids] = reduced
+    kwargs = dict(budget=8, top_k=6, width=3)
+    expected = build_tree(variant, full, hidden, root, head, **kwargs)
+    got = build_tree(variant, reduced, hidden, root, head, vocab_ids=ids, **kwargs)
+    for name in ("tokens", "parents", "depths", "valid", "num_nodes"):
+        assert torch.equal(getattr(got, name), getattr(expected, name)), name
+    torch.testing.assert_close(got.scores, expected.scores)
+    with pytest.raises(ValueError, match="vocab_ids must be"):
+        build_tree(variant, reduced, hidden, root, head, vocab_ids=ids[:-1], **kwargs)

@@ -56,6 +56,7 @@ class DARTreeDraftModel(DFlashQwen3ForCausalLM):
         self.layout = DrafterLayout.from_config(hf_config_dict(self.config))
         self.has_domino_head = self.layout.head == DOMINO
         self.has_confidence_head = False  # set when the weights load (vLLM drops an absent one)
+        self._column_order: tuple[torch.Tensor | None, torch.Tensor] | None = None
         self.pure_draft_prefix_len = self.layout.pure_draft_prefix_len
         dtype = vllm_config.model_config.dtype
         if self.has_domino_head:
@@ -156,6 +157,33 @@ class DARTreeDraftModel(DFlashQwen3ForCausalLM):
                                               self.prefix_gru.weight_ih_l0,
                                               self.config.vocab_size),
         )
+
+    def draft_logits(self, hidden_states: torch.Tensor, min_columns: int = 1
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [N, V'] and the target id of each column [V'] (ascending), or over the
+        target's vocabulary [N, V] and None.
+
+        vLLM's ``compute_logits`` scatters a reduced head's V' logits into a [N, V] row of
+        -inf, which every top-K then scans; the tree core takes the V' columns and their
+        ids instead. Columns go in ascending target id so that ties break as they would
+        over the full row (the lower id first). A head with fewer than ``min_columns``
+        columns (the tree's top-K or budget) still gets the full row: there the tree picks
+        -inf columns too.
+        """
+        logits = self.logits_processor(self.lm_head, hidden_states)
+        if self.draft_id_to_target_id is None:
+            return logits, None
+        if self._column_order is None:  # d2t is loaded with the weights: read it once
+            ids = (torch.arange(logits.shape[-1], device=logits.device)
+                   + self.draft_id_to_target_id.data)
+            order = None if bool((ids[1:] > ids[:-1]).all()) else torch.argsort(ids)
+            self._column_order = (order, ids if order is None else ids[order])
+        order, ids = self._column_order
+        if ids.numel() < min_columns:
+            full = logits.new_full((logits.shape[0], self.config.vocab_size), float("-inf"))
+            full[:, ids] = logits if order is None else logits[:, order]
+            return full, None
+        return (logits if order is None else logits[:, order]), ids
 
     def chain_confidence(self, depth_hidden: torch.Tensor, previous_tokens: torch.Tensor
                          ) -> torch.Tensor | None:

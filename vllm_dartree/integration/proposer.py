@@ -196,7 +196,8 @@ class DARTreeProposer(DFlashProposer):
         depth_hidden = depth_hidden[:, : self.tree_depths]
         num_reqs, depths, hidden = depth_hidden.shape
         with StepProfile.phase("drafter_logits", self.device):
-            base_logits = self.model.compute_logits(depth_hidden.reshape(-1, hidden))
+            base_logits, vocab_ids = self.model.draft_logits(
+                depth_hidden.reshape(-1, hidden), min_columns=max(self.top_k, self.budget))
             base_logits = base_logits.view(num_reqs, depths, -1).float()
         runner = self.target_runner
         req_ids = runner.input_batch.req_ids[:num_reqs]
@@ -212,6 +213,7 @@ class DARTreeProposer(DFlashProposer):
                 next_token_ids.to(torch.int64), self.head, budget=self.budget,
                 top_k=self.top_k, width=width,
                 depth_bonus=settings.effective_depth_bonus, graphs=self.graphs,
+                vocab_ids=vocab_ids,
             )
             if variant != "chain" and self.budget_policy is None:
                 tree = depth_first(tree)  # verified depth-first: see tree.depth_first

@@ -141,6 +141,9 @@ NAMES: tuple[VllmName, ...] = _names(
              ("hidden_states",)),
     VllmName("vllm.model_executor.models.qwen3_dflash:"
              "DFlashQwen3ForCausalLM.combine_hidden_states", ("hidden_states",)),
+    VllmName("vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.logits_processor",
+             use="the drafter's logits without compute_logits' scatter into the full vocab"),
+    VllmName("vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.lm_head"),
     VllmName("vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model.embed_tokens"),
     VllmName("vllm.model_executor.models.qwen3_dflash:"
              "DFlashQwen3ForCausalLM.draft_id_to_target_id",

@@ -44,8 +44,13 @@ def build_tree(
     width: int = 12,
     depth_bonus: float = -0.2,
     graphs: CorrectionGraphs | None = None,
+    vocab_ids: torch.Tensor | None = None,
 ) -> DraftTree:
     """Build the draft trees of R requests with one of ``VARIANTS``.
+
+    ``vocab_ids`` [V'] (ascending) is the token id of each column of ``base_logits`` when
+    the drafter's head covers only part of the vocabulary (the tree is the same as over
+    the full vocabulary with -inf elsewhere); None: column j is token j.
 
     - ``chain``: greedy chain of min(D, budget) nodes (head: corrected argmax over the top-K
       candidates, the head's state advanced along the chain = Domino's or DSpark's own
@@ -63,13 +68,16 @@ def build_tree(
     """
     _validate(variant, base_logits, draft_hidden, root_tokens, head, budget, top_k, width,
               depth_bonus)
+    if vocab_ids is not None and tuple(vocab_ids.shape) != (base_logits.shape[-1],):
+        raise ValueError(f"vocab_ids must be [V'] = [{base_logits.shape[-1]}] (one token id "
+                         f"per logit column), got {list(vocab_ids.shape)}")
     if graphs is not None and graphs.head is not head:
         raise ValueError("graphs must wrap the head passed to build_tree")
     if variant == "ddtree":
-        return build_ddtree(base_logits, root_tokens, budget=budget)
+        return build_ddtree(base_logits, root_tokens, budget=budget, vocab_ids=vocab_ids)
     if variant == "chain" and head is None:
-        return build_argmax_chain(base_logits, root_tokens, budget=budget)
-    candidates = prepare_candidates(base_logits, draft_hidden, head, top_k)
+        return build_argmax_chain(base_logits, root_tokens, budget=budget, vocab_ids=vocab_ids)
+    candidates = prepare_candidates(base_logits, draft_hidden, head, top_k, vocab_ids)
     depths = base_logits.shape[1]
     if variant == "sequential":
         return build_sequential(candidates, head, root_tokens, budget=budget,
@@ -196,10 +204,12 @@ def prepare_candidates(
     draft_hidden: torch.Tensor | None,
     head: CorrectionHead | None,
     top_k: int,
+    vocab_ids: torch.Tensor | None = None,
 ) -> Candidates:
     """Top-K of every depth, the head's per-depth context for all depths at once (Domino:
     W_z.z in one matmul) and the candidates' output rows gathered once."""
     base, ids = stable_topk(base_logits.float(), top_k)
+    ids = _token_ids(ids, vocab_ids)
     if head is None:
         return Candidates(ids, base, None, None)
     return Candidates(ids, base, head.depth_context(draft_hidden), head.candidate_weights(ids))
@@ -221,6 +231,11 @@ def candidate_logprobs(
                          candidates.weights[:, depth - 1], states)
     logits = base.unsqueeze(1)
     return logits - logits.logsumexp(dim=-1, keepdim=True)
+
+
+def _token_ids(columns: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Tensor:
+    """Token ids of logit columns (``build_tree``'s ``vocab_ids``)."""
+    return columns if vocab_ids is None else vocab_ids[columns]
 
 
 def needs_states(head: CorrectionHead | None, num_depths: int) -> bool:
@@ -347,13 +362,15 @@ def prune_supertree(
 
 # -------------------------------------------------------------------------------- chain
 def build_argmax_chain(
-    base_logits: torch.Tensor, root_tokens: torch.Tensor, *, budget: int
+    base_logits: torch.Tensor, root_tokens: torch.Tensor, *, budget: int,
+    vocab_ids: torch.Tensor | None = None,
 ) -> DraftTree:
     """DFlash chain: argmax of the base logits at every depth (scores: full-vocab log-probs)."""
     num_requests, num_depths, _ = base_logits.shape
     length = min(num_depths, budget)
     logprobs = torch.log_softmax(base_logits[:, :length].float(), dim=-1)
-    step_logprob, tokens = logprobs.max(dim=-1)
+    step_logprob, columns = logprobs.max(dim=-1)
+    tokens = _token_ids(columns, vocab_ids)
     positions = torch.arange(length, device=base_logits.device).expand(num_requests, length)
     valid = torch.ones_like(tokens, dtype=torch.bool)
     return padded_tree(tokens, positions.clone(), positions + 1, valid,
@@ -361,7 +378,8 @@ def build_argmax_chain(
 
 
 # ------------------------------------------------------------------------------- DDTree
-def build_ddtree(base_logits: torch.Tensor, root_tokens: torch.Tensor, *, budget: int) -> DraftTree:
+def build_ddtree(base_logits: torch.Tensor, root_tokens: torch.Tensor, *, budget: int,
+                 vocab_ids: torch.Tensor | None = None) -> DraftTree:
     """DDTree: best-first over rank tuples of factorised full-vocabulary marginals.
 
     A fixed frontier of 1 + 2*budget slots replaces the heap: pop t takes the live slot with
@@ -373,7 +391,8 @@ def build_ddtree(base_logits: torch.Tensor, root_tokens: torch.Tensor, *, budget
     device = base_logits.device
     ranks = min(budget, vocab)
     logprobs = torch.log_softmax(base_logits.float(), dim=-1)
-    rank_logprobs, rank_tokens = stable_topk(logprobs, ranks)  # [R, D, ranks]
+    rank_logprobs, rank_columns = stable_topk(logprobs, ranks)  # [R, D, ranks]
+    rank_tokens = _token_ids(rank_columns, vocab_ids)
     rank_logprobs, rank_tokens = rank_logprobs.flatten(1), rank_tokens.flatten(1)
 
     slots = 1 + 2 * budget
