@@ -77,3 +77,18 @@ def test_held_context_is_written_as_each_step_would_have(engines, tiny_target, t
     for ours, reference in zip(held_caches, every_step_caches, strict=True):
         # One batched projection instead of one per step: float rounding may differ.
         torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_a_slot_held_twice_is_written_once_with_its_last_value():
+    """A slot freed and reused within one hold: one batched write with a repeated slot
+    keeps either value (threads race), so only the later write is handed over."""
+    from vllm_dartree.integration.proposer import PendingContext
+
+    pending = PendingContext(limit=100)
+    pending.add(torch.tensor([[1.0], [2.0]]), torch.tensor([0, 1]), torch.tensor([5, 6]))
+    pending.add(torch.tensor([[3.0], [4.0]]), torch.tensor([0, 2]), torch.tensor([5, 9]))
+    states, positions, slots = pending.take()
+    assert slots.tolist() == [6, 5, 9]  # step order of the writes that stand
+    assert states.view(-1).tolist() == [2.0, 3.0, 4.0]
+    assert positions.tolist() == [1, 0, 2]
+    assert pending.take() is None

@@ -74,11 +74,21 @@ class PendingContext:
         return self.tokens >= self.limit
 
     def take(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """Everything held, concatenated in step order (None when nothing is)."""
+        """Everything held, in step order, each slot once (None when nothing is held).
+
+        A slot freed and handed to another request within one hold appears twice; one
+        batched cache write with a repeated slot keeps either value (threads race), so only
+        the last write of each slot is kept: the one that would have stood last."""
         parts, self._parts, self.tokens = self._parts, [], 0
         if not parts:
             return None
-        return tuple(torch.cat(column) for column in zip(*parts))
+        states, positions, slots = (torch.cat(column) for column in zip(*parts))
+        unique, which = torch.unique(slots, return_inverse=True)
+        order = torch.arange(slots.numel(), device=slots.device)
+        last = torch.full_like(unique, -1, dtype=order.dtype).scatter_reduce_(
+            0, which, order, reduce="amax")
+        keep = last.sort().values
+        return states[keep], positions[keep], slots[keep]
 
 
 def dartree_settings(vllm_config) -> DARTreeConfig | None:
