@@ -85,9 +85,10 @@ def test_truncated_tree_keeps_a_topological_prefix():
     ("vec16", torch.bfloat16, True, False), ("vec16", torch.float32, True, True),
     ("vec16", torch.bfloat16, True, True), ("vec16", torch.float32, False, True),
 ])
-def test_block_path_equals_the_element_path_and_a_naive_loop(isa, dtype, all_rows,
-                                                              trees_only):
-    """Tree attention through whole-block views equals the element-gather path and a naive
+def test_kernel_and_block_path_equal_the_element_path_and_a_naive_loop(isa, dtype, all_rows,
+                                                                       trees_only):
+    """Tree attention by the C++ kernel reading the pages in place (float32) and by its
+    torch twin through whole-block copies equals the element-gather path and a naive
     per-row softmax over prefix + ancestors, on caches written by vLLM's own op: the rows
     after each causal prefix, or (``all_rows``, the stock kernel skipped) every verify row.
     With ``trees_only`` the batch is two fully scheduled trees of equal size and nothing
@@ -101,8 +102,11 @@ def test_block_path_equals_the_element_path_and_a_naive_loop(isa, dtype, all_row
         fast_layout,
         plan_tree_attention,
         tree_attention,
+        tree_attention_by_blocks,
         tree_attention_by_elements,
+        tree_attention_in_pages,
     )
+    from vllm_dartree.kernels import cpu_tree_attention
 
     current_platform.import_kernels()
     gen = torch.Generator().manual_seed(3)
@@ -132,17 +136,25 @@ def test_block_path_equals_the_element_path_and_a_naive_loop(isa, dtype, all_row
                                    k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
     num_rows = sum(plain) + sum(1 + n for n in drafts)
     query = torch.randn(num_rows + 2, heads, head, generator=gen).to(dtype)  # + 2 padding
-    gather = plan_tree_attention(plan, seq_lens, table, block, all_rows=all_rows,
-                                 group=heads // kv_heads)
+    gather = plan_tree_attention(plan, seq_lens, table, block, all_rows=all_rows)
     assert gather.dense == (trees_only and all_rows)
     assert fast_layout(kv_cache, isa)
     untouched = 7.0
     fast = torch.full_like(query, untouched)
+    by_blocks = torch.full_like(query, untouched)
     by_elements = torch.full_like(query, untouched)
     tree_attention(query, kv_cache, isa, gather, head**-0.5, fast)
+    tree_attention_by_blocks(query, kv_cache, gather, head**-0.5, by_blocks)
     tree_attention_by_elements(query, kv_cache, isa, gather, head**-0.5, by_elements)
-    torch.testing.assert_close(fast.float(), by_elements.float(), atol=2e-2 if dtype !=
-                               torch.float32 else 1e-5, rtol=0)
+    atol = 2e-2 if dtype != torch.float32 else 1e-5
+    torch.testing.assert_close(by_blocks.float(), by_elements.float(), atol=atol, rtol=0)
+    torch.testing.assert_close(fast.float(), by_elements.float(), atol=atol, rtol=0)
+    if dtype == torch.float32:  # the product's path on this machine is the kernel
+        assert cpu_tree_attention.load() is not None, "the C++ kernel must build here"
+        in_pages = torch.full_like(query, untouched)
+        tree_attention_in_pages(query, kv_cache, gather, head**-0.5, in_pages)
+        torch.testing.assert_close(in_pages, by_elements, atol=1e-5, rtol=0)
+        assert torch.equal(fast, in_pages)
     # A naive loop over rows: softmax over the prefix and the row's ancestors.
     offset, starts = 0, []
     for n in lengths:
@@ -189,3 +201,23 @@ def test_rows_on_the_causal_prefix_are_not_recomputed():
     only_chains = plan_of([chain], num_drafts=[4], num_scheduled=[5])
     assert plan_tree_attention(only_chains, torch.tensor([30], dtype=torch.int32),
                                table[:1], 128).empty
+
+
+def test_without_a_compiler_the_torch_twin_serves(monkeypatch, caplog):
+    """Where the C++ kernel cannot be built, ``load`` logs why and returns None (the
+    engine then verifies through the block-copy twin, tested above against the kernel)."""
+    from torch.utils import cpp_extension
+
+    from vllm_dartree.kernels import cpu_tree_attention
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("no c++ compiler")
+
+    cpu_tree_attention.load.cache_clear()
+    monkeypatch.setattr(cpp_extension, "load_inline", no_compiler)
+    try:
+        with caplog.at_level("WARNING"):
+            assert cpu_tree_attention.load() is None
+        assert "could not be built" in caplog.text and "no c++ compiler" in caplog.text
+    finally:
+        cpu_tree_attention.load.cache_clear()  # the next caller builds (or finds) it again

@@ -22,6 +22,7 @@ from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.refusals import refuse_layer
 from vllm_dartree.integration.tree_context import active_plan, step_cached
 from vllm_dartree.integration.verify_plan import AcceptedPaths, VerifyPlan, compaction_pairs
+from vllm_dartree.kernels import cpu_tree_attention
 from vllm_dartree.tree import verify_visibility
 
 
@@ -139,8 +140,8 @@ class TreeAttentionPlan:
     out_rows: torch.Tensor  # [M] query rows of the recomputed slots
     out_slots: torch.Tensor  # [M] their index in the flattened [T * Q] slots
     blocks: torch.Tensor  # [T, nblk] the requests' KV blocks (padded with a real block)
-    bias: torch.Tensor  # float [T, 1, G * Q, L]: 0 visible, -inf hidden (G query heads per
-    #                     kv head, rows ordered (g, q) as the grouped queries are)
+    recomputed: torch.Tensor  # bool [T, Q] slots whose row is written (not padding)
+    bias: torch.Tensor  # float [T, Q, L]: 0 visible, -inf hidden (L: longest prefix + tree)
     slots: torch.Tensor  # [T, L] KV slot of each key position 0..L-1 (element-gather path)
     visible: torch.Tensor  # bool [T, Q, L] prefix, then ancestors in the tree part
     dense: bool  # host: the slots are the forward's rows 0..T*Q-1 in order, none padding
@@ -151,10 +152,7 @@ class TreeAttentionPlan:
 
 
 def plan_tree_attention(plan: VerifyPlan, seq_lens: torch.Tensor, block_table: torch.Tensor,
-                        block_size: int, all_rows: bool = False, group: int = 1
-                        ) -> TreeAttentionPlan:
-    """The gather indices and masks of one step, shared by every layer; ``group`` is the
-    number of query heads per kv head."""
+                        block_size: int, all_rows: bool = False) -> TreeAttentionPlan:
     lengths = seq_lens[plan.batch_index].to(torch.int64)  # [T] prefix + 1 + n
     num_rows = 1 + plan.num_drafts
     if all_rows:
@@ -185,18 +183,13 @@ def plan_tree_attention(plan: VerifyPlan, seq_lens: torch.Tensor, block_table: t
         out_rows=seg_rows[recomputed],
         out_slots=torch.arange(recomputed.numel()).view_as(recomputed)[recomputed],
         blocks=torch.where(used, tables, tables[:, :1]),
-        bias=_grouped_bias(visible[..., :max_len], group),
+        recomputed=recomputed,
+        bias=torch.zeros(visible.shape[0], visible.shape[1], max_len).masked_fill_(
+            ~visible[..., :max_len], float("-inf")),
         slots=tables.gather(1, pos // block_size) * block_size + pos % block_size,
         visible=visible[..., :max_len],
         dense=dense,
     )
-
-
-def _grouped_bias(visible: torch.Tensor, group: int) -> torch.Tensor:
-    """bool [T, Q, L] -> float [T, 1, group * Q, L], 0 where visible and -inf elsewhere."""
-    num_req, num_rows, length = visible.shape
-    bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
-    return bias.unsqueeze(1).expand(-1, group, -1, -1).reshape(num_req, 1, -1, length)
 
 
 def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
@@ -204,16 +197,34 @@ def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
     """Attention of every recomputed verify row over prefix + ancestors, written into
     ``output`` [N, heads, head_size] at ``plan.out_rows`` (no other row is touched).
 
-    Where vLLM's page layout stores keys transposed (``[K^T | V]`` per block and kv head),
-    the request's blocks are copied whole, the keys stay transposed (exactly what ``Q K^T``
-    multiplies by), and attention is two batched matmuls around a softmax, one batch entry
-    per (request, kv head) holding all of that head's query heads: SDPA would need the keys
-    untransposed, a strided copy that cost more than its own matmuls. Otherwise element by
+    Where vLLM stores keys transposed (``[K^T | V]`` per block and kv head) and everything
+    is float32, the C++ kernel reads the pages in place (``kernels.cpu_tree_attention``);
+    without a compiler, or in other dtypes, the torch twin copies whole blocks
+    (:func:`tree_attention_by_blocks`); any other page layout is gathered element by
     element (:func:`tree_attention_by_elements`).
     """
     if not fast_layout(kv_cache, isa):
         tree_attention_by_elements(query, kv_cache, isa, plan, scale, output)
-        return
+    elif cpu_tree_attention.supports(query, kv_cache, output) and cpu_tree_attention.load():
+        tree_attention_in_pages(query, kv_cache, plan, scale, output)
+    else:
+        tree_attention_by_blocks(query, kv_cache, plan, scale, output)
+
+
+def tree_attention_in_pages(query: torch.Tensor, kv_cache: torch.Tensor,
+                            plan: TreeAttentionPlan, scale: float, output: torch.Tensor
+                            ) -> None:
+    """:func:`tree_attention` by the C++ kernel (float32, transposed-key pages)."""
+    cpu_tree_attention.tree_attention(query, kv_cache, plan.blocks, plan.seg_rows,
+                                      plan.recomputed, plan.bias, scale, output)
+
+
+def tree_attention_by_blocks(query: torch.Tensor, kv_cache: torch.Tensor,
+                             plan: TreeAttentionPlan, scale: float, output: torch.Tensor
+                             ) -> None:
+    """The kernel's torch twin: the request's blocks are copied whole, the keys stay
+    transposed (what ``Q K^T`` multiplies by), and attention is two batched matmuls around
+    a softmax, one batch entry per (request, kv head) holding that head's query heads."""
     keys, values = block_views(kv_cache)
     num_req, num_blocks = plan.blocks.shape
     _, kv_heads, head, block = keys.shape
@@ -224,8 +235,10 @@ def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
     v = (values.index_select(0, index).view(num_req, num_blocks, kv_heads, block, head)
          .transpose(1, 2).reshape(num_req * kv_heads, num_blocks * block, head))
     q = _tree_queries(query, plan)  # [T, heads, Q, D]; heads h and kv head h // group
+    group = q.shape[1] // kv_heads
     grouped = q.reshape(num_req * kv_heads, -1, head).float()
-    bias = plan.bias.expand(-1, kv_heads, -1, -1).reshape(-1, *plan.bias.shape[2:])
+    bias = plan.bias.unsqueeze(1).expand(-1, kv_heads * group, -1, -1).reshape(
+        num_req * kv_heads, group * plan.bias.shape[1], length)  # rows (g, q) per kv head
     scores = torch.baddbmm(bias, grouped, k[..., :length].float(), alpha=scale)
     out = torch.bmm(scores.softmax(dim=-1), v[:, :length].float())
     _write_rows(output, out.view(q.shape), plan)
@@ -271,6 +284,7 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         super().__init__(*args, **kwargs)
         refuse_layer(self, "CPU")  # before weights load; refusals.py checked the config
         self._tree_unsupported = ["fp8 kv cache"] if self.is_fp8_kv_cache else []
+        cpu_tree_attention.load()  # built (or found in the cache) at engine start, not mid-step
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None):
@@ -297,8 +311,7 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
                 f"dartree tree verification on CPU does not support {self._tree_unsupported}"
             )
         with StepProfile.phase("tree_attention"):
-            gather = _layer_plan(plan, attn_metadata, kv_cache.shape[2], all_rows,
-                                 self.num_heads // kv_cache.shape[1])
+            gather = _layer_plan(plan, attn_metadata, kv_cache.shape[2], all_rows)
             if gather.empty:  # every verified row is on its request's causal prefix
                 return output
             tree_attention(query.view(query.shape[0], self.num_heads, self.head_size),
@@ -307,12 +320,12 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         return output
 
 
-def _layer_plan(plan: VerifyPlan, attn_metadata, block_size: int, all_rows: bool,
-                group: int) -> TreeAttentionPlan:
+def _layer_plan(plan: VerifyPlan, attn_metadata, block_size: int, all_rows: bool
+                ) -> TreeAttentionPlan:
     """The gather plan for this forward's metadata, computed by the first layer and reused."""
-    key = ("cpu", id(plan), id(attn_metadata.block_table), block_size, all_rows, group)
+    key = ("cpu", id(plan), id(attn_metadata.block_table), block_size, all_rows)
     return step_cached(key, lambda: plan_tree_attention(
-        plan, attn_metadata.seq_lens, attn_metadata.block_table, block_size, all_rows, group))
+        plan, attn_metadata.seq_lens, attn_metadata.block_table, block_size, all_rows))
 
 
 def move_accepted_kv(accepted: AcceptedPaths,

@@ -1,0 +1,228 @@
+"""Tree verification attention read straight from vLLM's CPU KV pages: a C++ kernel.
+
+The torch path (``integration.cpu_attention.tree_attention``, the kernel's twin) copies each
+request's K/V blocks and runs three batched kernels per layer; with 7-17 rows per tree most
+of its time is copies and dispatch, not arithmetic. This kernel reads the pages in place.
+
+Layout (vLLM's CPU backend, float32, the ISAs whose cache write stores keys transposed):
+``kv_cache [num_blocks, kv_heads, block, 2 * D]``; one (block, kv head) holds ``K^T``
+``[D, block]`` then ``V [block, D]``. Request t's key position p lives in block
+``blocks[t, p // block]`` at offset ``p % block``.
+
+One task per (request, kv head, row slot), holding that kv head's G query heads: scores
+over positions ``0 .. L-1`` (the prefix and the tree rows; ``bias [T, Q, L]`` is 0 where
+visible and -inf where hidden) as ``sum_d q[d] K^T[d, o]`` 16 keys at a time (the keys of
+a block are contiguous per d), softmax, then ``sum_o p[o] V[o, :]`` 16 dims at a time.
+Tasks are split over torch's intra-op threads. Only slots with ``write[t, q]`` store their
+row ``rows[t, q]`` of ``output``. Block and head sizes must be multiples of 16 (vLLM's CPU
+backend uses multiples of 32) and G at most 8; :func:`supports` checks.
+
+Built on first use with the machine's C++ compiler (``torch.utils.cpp_extension``, cached
+under the project's ``.cache``; ``-march=native``, so the build is keyed by the CPU's
+flags). Where it cannot be built, :func:`load` returns None and callers use the twin.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+constexpr int64_t LANES = 16;  // one AVX-512 register of floats (two AVX2 ones)
+
+// The G query heads of one kv head for one verify row: scores [G, length] over the pages,
+// softmax, then out[g] = sum_o p[g, o] V[o]. G is a template parameter so that the G x 16
+// accumulators stay in registers and each key / value vector loaded serves all G heads.
+template <int G>
+void one_row(const float* const* q, const float* kv, const int64_t* blk, int64_t nblk,
+             int64_t page, int64_t block, int64_t dim, int64_t length, const float* mask,
+             float scale, float* scores, float* const* out) {
+  for (int64_t j = 0; j < nblk && j * block < length; ++j) {
+    const float* keys_t = kv + blk[j] * page;  // K^T [dim, block]
+    const int64_t count = std::min(block, length - j * block);
+    for (int64_t o0 = 0; o0 < count; o0 += LANES) {
+      float acc[G][LANES] = {};
+      for (int64_t d = 0; d < dim; ++d) {
+        const float* k = keys_t + d * block + o0;
+        for (int g = 0; g < G; ++g) {
+          const float qd = q[g][d];
+#pragma omp simd
+          for (int64_t i = 0; i < LANES; ++i) acc[g][i] += qd * k[i];
+        }
+      }
+      const int64_t valid = std::min(LANES, count - o0);
+      for (int g = 0; g < G; ++g) {
+        float* sc = scores + g * length + j * block + o0;
+        const float* m = mask + j * block + o0;
+        // A hidden key's score is -inf whatever its slot holds (padding, stale).
+        for (int64_t i = 0; i < valid; ++i)
+          sc[i] = std::isinf(m[i]) ? m[i] : acc[g][i] * scale + m[i];
+      }
+    }
+  }
+  float inv[G];
+  for (int g = 0; g < G; ++g) {
+    float* sc = scores + g * length;
+    float best = -std::numeric_limits<float>::infinity();
+    for (int64_t p = 0; p < length; ++p) best = std::max(best, sc[p]);
+    float total = 0.f;
+    for (int64_t p = 0; p < length; ++p) {
+      sc[p] = std::exp(sc[p] - best);
+      total += sc[p];
+    }
+    inv[g] = 1.f / total;
+  }
+  for (int64_t d0 = 0; d0 < dim; d0 += LANES) {
+    float acc[G][LANES] = {};
+    for (int64_t j = 0; j < nblk && j * block < length; ++j) {
+      const float* values = kv + blk[j] * page + block * dim;  // V [block, dim]
+      const int64_t count = std::min(block, length - j * block);
+      for (int64_t o = 0; o < count; ++o) {
+        const float* v = values + o * dim + d0;
+        for (int g = 0; g < G; ++g) {
+          const float w = scores[g * length + j * block + o];
+#pragma omp simd
+          for (int64_t i = 0; i < LANES; ++i) acc[g][i] += w * v[i];
+        }
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int64_t i = 0; i < LANES; ++i) out[g][d0 + i] = acc[g][i] * inv[g];
+  }
+}
+
+using RowFn = void (*)(const float* const*, const float*, const int64_t*, int64_t, int64_t,
+                       int64_t, int64_t, int64_t, const float*, float, float*, float* const*);
+
+template <int G>
+RowFn row_fn_for(int64_t group) {
+  if constexpr (G > 8) {
+    return nullptr;
+  } else {
+    return group == G ? &one_row<G> : row_fn_for<G + 1>(group);
+  }
+}
+
+void tree_attention(const torch::Tensor& query, const torch::Tensor& kv_cache,
+                    const torch::Tensor& blocks, const torch::Tensor& rows,
+                    const torch::Tensor& write, const torch::Tensor& bias, double scale,
+                    torch::Tensor& output) {
+  TORCH_CHECK(query.scalar_type() == at::kFloat && kv_cache.scalar_type() == at::kFloat &&
+              output.scalar_type() == at::kFloat && bias.scalar_type() == at::kFloat,
+              "float32 query, kv_cache, bias and output");
+  TORCH_CHECK(blocks.scalar_type() == at::kLong && rows.scalar_type() == at::kLong &&
+              write.scalar_type() == at::kBool, "int64 blocks and rows, bool write");
+  TORCH_CHECK(kv_cache.is_contiguous() && blocks.is_contiguous() && rows.is_contiguous() &&
+              write.is_contiguous() && bias.is_contiguous(), "contiguous pages and plan");
+  TORCH_CHECK(query.stride(2) == 1 && output.stride(2) == 1, "rows of contiguous floats");
+  const int64_t num_req = rows.size(0), num_slots = rows.size(1);
+  const int64_t heads = query.size(1), dim = query.size(2);
+  const int64_t kv_heads = kv_cache.size(1), block = kv_cache.size(2);
+  const int64_t group = heads / kv_heads, length = bias.size(2), nblk = blocks.size(1);
+  TORCH_CHECK(block % LANES == 0 && dim % LANES == 0, "block and head size multiples of 16");
+  const RowFn row_fn = row_fn_for<1>(group);
+  TORCH_CHECK(row_fn != nullptr, "at most 8 query heads per kv head");
+  const float* q_base = query.data_ptr<float>();
+  const float* kv = kv_cache.data_ptr<float>();
+  const int64_t* blk = blocks.data_ptr<int64_t>();
+  const int64_t* row = rows.data_ptr<int64_t>();
+  const bool* wr = write.data_ptr<bool>();
+  const float* bias_base = bias.data_ptr<float>();
+  float* out_base = output.data_ptr<float>();
+  const int64_t page = block * 2 * dim;  // one (block, kv head)
+  at::parallel_for(0, num_req * kv_heads * num_slots, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(group * length);
+    std::vector<const float*> q(group);
+    std::vector<float*> out(group);
+    std::vector<int64_t> head_blocks(nblk);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t t = task / (kv_heads * num_slots);
+      const int64_t kvh = (task / num_slots) % kv_heads;
+      const int64_t s = task % num_slots;
+      if (!wr[t * num_slots + s]) continue;
+      const int64_t r = row[t * num_slots + s];
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t h = kvh * group + g;
+        q[g] = q_base + r * query.stride(0) + h * query.stride(1);
+        out[g] = out_base + r * output.stride(0) + h * output.stride(1);
+      }
+      for (int64_t j = 0; j < nblk; ++j) head_blocks[j] = blk[t * nblk + j] * kv_heads + kvh;
+      row_fn(q.data(), kv, head_blocks.data(), nblk, page, block, dim, length,
+             bias_base + (t * num_slots + s) * length, static_cast<float>(scale),
+             scores.data(), out.data());
+    }
+  });
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("tree_attention", &tree_attention, "tree attention over vLLM CPU KV pages");
+}
+"""
+
+
+# -fopenmp: at::parallel_for splits tasks over threads only when OpenMP is compiled in.
+# 512-bit vectors: gcc prefers 256 on some AVX-512 CPUs; the 16-lane loops want one register.
+CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fopenmp"]
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+@functools.lru_cache(maxsize=1)
+def load():
+    """The compiled module, or None where this machine cannot build it (logged once)."""
+    from torch.utils import cpp_extension
+
+    from vllm_dartree.env import cache_dir
+
+    key = hashlib.sha256(" ".join([SOURCE, *CFLAGS, _cpu_flags(), torch.__version__]).encode()
+                         ).hexdigest()
+    name = f"dartree_cpu_tree_attention_{key[:12]}"
+    build = cache_dir() / "torch_extensions" / name
+    build.mkdir(parents=True, exist_ok=True)
+    try:
+        return cpp_extension.load_inline(
+            name, cpp_sources=[SOURCE], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
+            build_directory=str(build), verbose=False)
+    except Exception as error:  # no compiler, headers or ninja: the torch twin serves
+        logger.warning("dartree: the C++ CPU tree-attention kernel could not be built (%s); "
+                       "using the torch path", error)
+        return None
+
+
+def supports(query: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor) -> bool:
+    """The kernel's preconditions: float32 throughout, contiguous pages and rows, block and
+    head sizes multiples of 16, at most 8 query heads per kv head."""
+    heads, kv_heads = query.shape[1], kv_cache.shape[1]
+    return (query.dtype == kv_cache.dtype == output.dtype == torch.float32
+            and kv_cache.is_contiguous() and query.stride(2) == 1 and output.stride(2) == 1
+            and kv_cache.shape[2] % 16 == 0 and query.shape[2] % 16 == 0
+            and heads % kv_heads == 0 and heads // kv_heads <= 8)
+
+
+def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, blocks: torch.Tensor,
+                   rows: torch.Tensor, write: torch.Tensor, bias: torch.Tensor, scale: float,
+                   output: torch.Tensor) -> None:
+    """Launch the kernel (see the module docstring for the arguments); ``load()`` must
+    have returned a module and :func:`supports` must hold."""
+    load().tree_attention(query, kv_cache, blocks, rows, write, bias, scale, output)
