@@ -1,6 +1,6 @@
 """Tree verification attention read straight from vLLM's CPU KV pages: a C++ kernel.
 
-The torch path (``integration.cpu_attention.tree_attention``, the kernel's twin) copies each
+Its torch twin (``integration.cpu_attention.tree_attention_by_blocks``) copies each
 request's K/V blocks and runs three batched kernels per layer; with 7-17 rows per tree most
 of its time is copies and dispatch, not arithmetic. This kernel reads the pages in place.
 
