@@ -79,14 +79,16 @@ def test_truncated_tree_keeps_a_topological_prefix():
     assert step.ancestors[0, 4].tolist() == [True, False, False, False, True, False]
 
 
-@pytest.mark.parametrize(("isa", "dtype", "all_rows", "trees_only"), [
-    ("vec16", torch.float32, False, False), ("vec16", torch.bfloat16, False, False),
-    ("vec", torch.float32, False, False), ("vec16", torch.float32, True, False),
-    ("vec16", torch.bfloat16, True, False), ("vec16", torch.float32, True, True),
-    ("vec16", torch.bfloat16, True, True), ("vec16", torch.float32, False, True),
+@pytest.mark.parametrize(("isa", "dtype", "all_rows", "trees_only", "group"), [
+    ("vec16", torch.float32, False, False, 3), ("vec16", torch.bfloat16, False, False, 3),
+    ("vec", torch.float32, False, False, 3), ("vec16", torch.float32, True, False, 3),
+    ("vec16", torch.bfloat16, True, False, 3), ("vec16", torch.float32, True, True, 3),
+    ("vec16", torch.bfloat16, True, True, 3), ("vec16", torch.float32, False, True, 3),
+    # the kernel tiles 2 rows when G <= 3 and 1 row otherwise
+    ("vec16", torch.float32, False, False, 4), ("vec16", torch.float32, True, True, 1),
 ])
 def test_kernel_and_block_path_equal_the_element_path_and_a_naive_loop(isa, dtype, all_rows,
-                                                                       trees_only):
+                                                                       trees_only, group):
     """Tree attention by the C++ kernel reading the pages in place (float32) and by its
     torch twin through whole-block copies equals the element-gather path and a naive
     per-row softmax over prefix + ancestors, on caches written by vLLM's own op: the rows
@@ -110,7 +112,8 @@ def test_kernel_and_block_path_equal_the_element_path_and_a_naive_loop(isa, dtyp
 
     current_platform.import_kernels()
     gen = torch.Generator().manual_seed(3)
-    block, head, kv_heads, heads = 16, 64, 2, 6
+    block, head, kv_heads = 16, 64, 2
+    heads = kv_heads * group
     trees = [_tree([0, 1, 0, 3, 4], [1, 2, 1, 2, 3], [7, 8, 9, 10, 11]),
              _tree([0, 0, 1, 2, 2], [1, 1, 2, 3, 3], [1, 2, 3, 4, 5])]
     prefixes = [37, 5]
@@ -167,8 +170,8 @@ def test_kernel_and_block_path_equal_the_element_path_and_a_naive_loop(isa, dtyp
         for i in range(0 if all_rows else 1 + int(plan.causal_rows[t]), 1 + n):
             cols = [j for j in range(1 + n) if plan.ancestors[t, i, j]]
             keep = list(range(prefix)) + [prefix + j for j in cols]
-            k = keys[starts[t] + torch.tensor(keep)].float().repeat_interleave(3, dim=1)
-            v = values[starts[t] + torch.tensor(keep)].float().repeat_interleave(3, dim=1)
+            k = keys[starts[t] + torch.tensor(keep)].float().repeat_interleave(group, dim=1)
+            v = values[starts[t] + torch.tensor(keep)].float().repeat_interleave(group, dim=1)
             q = query[root + i].float()
             weights = (torch.einsum("hd,khd->hk", q, k) * head**-0.5).softmax(-1)
             expected[root + i] = torch.einsum("hk,khd->hd", weights, v)

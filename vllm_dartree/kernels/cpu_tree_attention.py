@@ -9,13 +9,16 @@ Layout (vLLM's CPU backend, float32, the ISAs whose cache write stores keys tran
 ``[D, block]`` then ``V [block, D]``. Request t's key position p lives in block
 ``blocks[t, p // block]`` at offset ``p % block``.
 
-One task per (request, kv head, row slot), holding that kv head's G query heads: scores
-over positions ``0 .. L-1`` (the prefix and the tree rows; ``bias [T, Q, L]`` is 0 where
-visible and -inf where hidden) as ``sum_d q[d] K^T[d, o]`` 16 keys at a time (the keys of
-a block are contiguous per d), softmax, then ``sum_o p[o] V[o, :]`` 16 dims at a time.
-Tasks are split over torch's intra-op threads. Only slots with ``write[t, q]`` store their
-row ``rows[t, q]`` of ``output``. Block and head sizes must be multiples of 16 (vLLM's CPU
-backend uses multiples of 32) and G at most 8; :func:`supports` checks.
+One task per (request, kv head, tile of R row slots), holding that kv head's G query heads
+(R = 2 when G <= 3, else 1: R x G x 16 accumulators fit AVX2's registers): scores over
+positions ``0 .. L-1`` (the prefix and the tree rows; ``bias [T, Q, L]`` is 0 where visible
+and -inf where hidden) as ``sum_d q[d] K^T[d, o]`` 16 keys at a time (the keys of a block
+are contiguous per d), softmax (a vectorised exp polynomial, relative error about 1e-7),
+then ``sum_o p[o] V[o, :]`` 16 dims at a time; every key and value vector loaded serves all
+R x G query vectors. Tasks are split over torch's intra-op threads. Only slots with
+``write[t, q]`` store their row ``rows[t, q]`` of ``output``. Block and head sizes must be
+multiples of 16 (vLLM's CPU backend uses multiples of 32) and G at most 8; :func:`supports`
+checks.
 
 Built on first use with the machine's C++ compiler (``torch.utils.cpp_extension``, cached
 under the project's ``.cache``; ``-march=native``, so the build is keyed by the CPU's
@@ -38,81 +41,139 @@ SOURCE = r"""
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 constexpr int64_t LANES = 16;  // one AVX-512 register of floats (two AVX2 ones)
 
-// The G query heads of one kv head for one verify row: scores [G, length] over the pages,
-// softmax, then out[g] = sum_o p[g, o] V[o]. G is a template parameter so that the G x 16
-// accumulators stay in registers and each key / value vector loaded serves all G heads.
-template <int G>
-void one_row(const float* const* q, const float* kv, const int64_t* blk, int64_t nblk,
-             int64_t page, int64_t block, int64_t dim, int64_t length, const float* mask,
-             float scale, float* scores, float* const* out) {
+// exp(x) for x <= 0 (a score minus its row's max), vectorisable: x = n ln2 + r with
+// |r| <= ln2 / 2, exp(r) by its degree-6 Taylor polynomial (relative error about 1e-7),
+// times 2^n built in the exponent bits. Below -87 (a hidden key's -inf included) it is 0.
+static inline float exp_nonpositive(float x) {
+  const float clamped = std::max(x, -87.f);
+  const float n = std::floor(clamped * 1.44269504f + 0.5f);
+  const float r = (clamped - n * 0.693145751953125f) - n * 1.428606765330187e-6f;
+  float p = 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof(two_n));
+  return x < -87.f ? 0.f : p * two_n;
+}
+
+// The largest of x[0 .. n-1], 16 lanes at a time (a plain max reduction stays scalar:
+// the compiler keeps its NaN order).
+static inline float row_max(const float* x, int64_t n) {
+  float lanes[LANES];
+  for (int64_t i = 0; i < LANES; ++i) lanes[i] = -std::numeric_limits<float>::infinity();
+  int64_t p = 0;
+  for (; p + LANES <= n; p += LANES)
+#pragma omp simd
+    for (int64_t i = 0; i < LANES; ++i) lanes[i] = lanes[i] > x[p + i] ? lanes[i] : x[p + i];
+  for (; p < n; ++p) lanes[0] = lanes[0] > x[p] ? lanes[0] : x[p];
+  float best = lanes[0];
+  for (int64_t i = 1; i < LANES; ++i) best = best > lanes[i] ? best : lanes[i];
+  return best;
+}
+
+// R verify rows x the G query heads of one kv head: scores [R * G, length] over the pages,
+// softmax, then out[r, g] = sum_o p[r, g, o] V[o]. R and G are template parameters so the
+// R x G x 16 accumulators stay in registers and each key / value vector loaded serves all
+// R * G query vectors.
+template <int G, int R>
+void row_tile(const float* const* q, const float* kv, const int64_t* blk, int64_t nblk,
+              int64_t page, int64_t block, int64_t dim, int64_t length,
+              const float* const* mask, float scale, float* scores, float* const* out) {
   for (int64_t j = 0; j < nblk && j * block < length; ++j) {
     const float* keys_t = kv + blk[j] * page;  // K^T [dim, block]
     const int64_t count = std::min(block, length - j * block);
     for (int64_t o0 = 0; o0 < count; o0 += LANES) {
-      float acc[G][LANES] = {};
+      float acc[R][G][LANES] = {};
       for (int64_t d = 0; d < dim; ++d) {
         const float* k = keys_t + d * block + o0;
-        for (int g = 0; g < G; ++g) {
-          const float qd = q[g][d];
+        for (int r = 0; r < R; ++r)
+          for (int g = 0; g < G; ++g) {
+            const float qd = q[r * G + g][d];
 #pragma omp simd
-          for (int64_t i = 0; i < LANES; ++i) acc[g][i] += qd * k[i];
-        }
+            for (int64_t i = 0; i < LANES; ++i) acc[r][g][i] += qd * k[i];
+          }
       }
       const int64_t valid = std::min(LANES, count - o0);
-      for (int g = 0; g < G; ++g) {
-        float* sc = scores + g * length + j * block + o0;
-        const float* m = mask + j * block + o0;
-        // A hidden key's score is -inf whatever its slot holds (padding, stale).
-        for (int64_t i = 0; i < valid; ++i)
-          sc[i] = std::isinf(m[i]) ? m[i] : acc[g][i] * scale + m[i];
+      for (int r = 0; r < R; ++r) {
+        const float* m = mask[r] + j * block + o0;
+        for (int g = 0; g < G; ++g) {
+          float* sc = scores + (r * G + g) * length + j * block + o0;
+          // A hidden key's score is -inf whatever its slot holds (padding, stale).
+          for (int64_t i = 0; i < valid; ++i)
+            sc[i] = std::isinf(m[i]) ? m[i] : acc[r][g][i] * scale + m[i];
+        }
       }
     }
   }
-  float inv[G];
-  for (int g = 0; g < G; ++g) {
-    float* sc = scores + g * length;
-    float best = -std::numeric_limits<float>::infinity();
-    for (int64_t p = 0; p < length; ++p) best = std::max(best, sc[p]);
+  float inv[R * G];
+  for (int rg = 0; rg < R * G; ++rg) {
+    float* sc = scores + rg * length;
+    const float best = row_max(sc, length);
     float total = 0.f;
+#pragma omp simd reduction(+ : total)
     for (int64_t p = 0; p < length; ++p) {
-      sc[p] = std::exp(sc[p] - best);
+      sc[p] = exp_nonpositive(sc[p] - best);
       total += sc[p];
     }
-    inv[g] = 1.f / total;
+    inv[rg] = 1.f / total;
   }
   for (int64_t d0 = 0; d0 < dim; d0 += LANES) {
-    float acc[G][LANES] = {};
+    float acc[R][G][LANES] = {};
     for (int64_t j = 0; j < nblk && j * block < length; ++j) {
       const float* values = kv + blk[j] * page + block * dim;  // V [block, dim]
       const int64_t count = std::min(block, length - j * block);
       for (int64_t o = 0; o < count; ++o) {
         const float* v = values + o * dim + d0;
-        for (int g = 0; g < G; ++g) {
-          const float w = scores[g * length + j * block + o];
+        for (int r = 0; r < R; ++r)
+          for (int g = 0; g < G; ++g) {
+            const float w = scores[(r * G + g) * length + j * block + o];
 #pragma omp simd
-          for (int64_t i = 0; i < LANES; ++i) acc[g][i] += w * v[i];
-        }
+            for (int64_t i = 0; i < LANES; ++i) acc[r][g][i] += w * v[i];
+          }
       }
     }
-    for (int g = 0; g < G; ++g)
-      for (int64_t i = 0; i < LANES; ++i) out[g][d0 + i] = acc[g][i] * inv[g];
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g)
+        for (int64_t i = 0; i < LANES; ++i)
+          out[r * G + g][d0 + i] = acc[r][g][i] * inv[r * G + g];
   }
 }
 
-using RowFn = void (*)(const float* const*, const float*, const int64_t*, int64_t, int64_t,
-                       int64_t, int64_t, int64_t, const float*, float, float*, float* const*);
+using TileFn = void (*)(const float* const*, const float*, const int64_t*, int64_t, int64_t,
+                        int64_t, int64_t, int64_t, const float* const*, float, float*,
+                        float* const*);
+
+// Rows per tile: as many as keep R * G * 16 accumulators within about 12 vector registers
+// of 8 lanes (AVX2; AVX-512 has room to spare).
+template <int G>
+constexpr int rows_per_tile() { return G <= 3 ? 2 : 1; }
 
 template <int G>
-RowFn row_fn_for(int64_t group) {
+TileFn tile_fn_for(int64_t group) {
   if constexpr (G > 8) {
     return nullptr;
   } else {
-    return group == G ? &one_row<G> : row_fn_for<G + 1>(group);
+    return group == G ? &row_tile<G, rows_per_tile<G>()> : tile_fn_for<G + 1>(group);
+  }
+}
+
+template <int G>
+int rows_for(int64_t group) {
+  if constexpr (G > 8) {
+    return 1;
+  } else {
+    return group == G ? rows_per_tile<G>() : rows_for<G + 1>(group);
   }
 }
 
@@ -133,8 +194,9 @@ void tree_attention(const torch::Tensor& query, const torch::Tensor& kv_cache,
   const int64_t kv_heads = kv_cache.size(1), block = kv_cache.size(2);
   const int64_t group = heads / kv_heads, length = bias.size(2), nblk = blocks.size(1);
   TORCH_CHECK(block % LANES == 0 && dim % LANES == 0, "block and head size multiples of 16");
-  const RowFn row_fn = row_fn_for<1>(group);
-  TORCH_CHECK(row_fn != nullptr, "at most 8 query heads per kv head");
+  const TileFn tile_fn = tile_fn_for<1>(group);
+  TORCH_CHECK(tile_fn != nullptr, "at most 8 query heads per kv head");
+  const int64_t tile = rows_for<1>(group), num_tiles = (num_slots + tile - 1) / tile;
   const float* q_base = query.data_ptr<float>();
   const float* kv = kv_cache.data_ptr<float>();
   const int64_t* blk = blocks.data_ptr<int64_t>();
@@ -143,26 +205,35 @@ void tree_attention(const torch::Tensor& query, const torch::Tensor& kv_cache,
   const float* bias_base = bias.data_ptr<float>();
   float* out_base = output.data_ptr<float>();
   const int64_t page = block * 2 * dim;  // one (block, kv head)
-  at::parallel_for(0, num_req * kv_heads * num_slots, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(group * length);
-    std::vector<const float*> q(group);
-    std::vector<float*> out(group);
+  at::parallel_for(0, num_req * kv_heads * num_tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(tile * group * length);
+    std::vector<float> discard(group * dim);  // where a tile's missing rows are written
+    std::vector<const float*> q(tile * group), mask(tile);
+    std::vector<float*> out(tile * group);
     std::vector<int64_t> head_blocks(nblk);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / (kv_heads * num_slots);
-      const int64_t kvh = (task / num_slots) % kv_heads;
-      const int64_t s = task % num_slots;
-      if (!wr[t * num_slots + s]) continue;
-      const int64_t r = row[t * num_slots + s];
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t h = kvh * group + g;
-        q[g] = q_base + r * query.stride(0) + h * query.stride(1);
-        out[g] = out_base + r * output.stride(0) + h * output.stride(1);
+      const int64_t t = task / (kv_heads * num_tiles);
+      const int64_t kvh = (task / num_tiles) % kv_heads;
+      const int64_t first = (task % num_tiles) * tile;
+      bool any = false;
+      for (int64_t r = 0; r < tile; ++r) {
+        // The tail tile repeats its last slot; unwritten slots compute into `discard`.
+        const int64_t s = std::min(first + r, num_slots - 1);
+        const bool keep = first + r < num_slots && wr[t * num_slots + s];
+        any = any || keep;
+        const int64_t q_row = row[t * num_slots + s];
+        mask[r] = bias_base + (t * num_slots + s) * length;
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t h = kvh * group + g;
+          q[r * group + g] = q_base + q_row * query.stride(0) + h * query.stride(1);
+          out[r * group + g] = keep ? out_base + q_row * output.stride(0) + h * output.stride(1)
+                                    : discard.data() + g * dim;
+        }
       }
+      if (!any) continue;
       for (int64_t j = 0; j < nblk; ++j) head_blocks[j] = blk[t * nblk + j] * kv_heads + kvh;
-      row_fn(q.data(), kv, head_blocks.data(), nblk, page, block, dim, length,
-             bias_base + (t * num_slots + s) * length, static_cast<float>(scale),
-             scores.data(), out.data());
+      tile_fn(q.data(), kv, head_blocks.data(), nblk, page, block, dim, length, mask.data(),
+              static_cast<float>(scale), scores.data(), out.data());
     }
   });
 }
@@ -175,7 +246,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
 # -fopenmp: at::parallel_for splits tasks over threads only when OpenMP is compiled in.
 # 512-bit vectors: gcc prefers 256 on some AVX-512 CPUs; the 16-lane loops want one register.
-CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fopenmp"]
+# -fno-trapping-math: without it gcc keeps every loop with a compare-and-select (the mask,
+# the softmax's exp) scalar, as if a compare could trap; that doubled the kernel's time.
+CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno",
+          "-fno-trapping-math", "-fopenmp"]
 
 
 def _cpu_flags() -> str:
