@@ -142,13 +142,28 @@ class TreeAttentionPlan:
     blocks: torch.Tensor  # [T, nblk] the requests' KV blocks (padded with a real block)
     recomputed: torch.Tensor  # bool [T, Q] slots whose row is written (not padding)
     bias: torch.Tensor  # float [T, Q, L]: 0 visible, -inf hidden (L: longest prefix + tree)
-    slots: torch.Tensor  # [T, L] KV slot of each key position 0..L-1 (element-gather path)
-    visible: torch.Tensor  # bool [T, Q, L] prefix, then ancestors in the tree part
+    lengths: torch.Tensor  # [T] each request's prefix + tree length
+    block_size: int
     dense: bool  # host: the slots are the forward's rows 0..T*Q-1 in order, none padding
 
     @property
     def empty(self) -> bool:
         return self.out_rows.numel() == 0
+
+    @property
+    def visible(self) -> torch.Tensor:
+        """bool [T, Q, L]: prefix, then ancestors in the tree part (the element path's
+        attention mask; the kernel reads ``bias``)."""
+        return self.bias.isfinite()
+
+    @property
+    def slots(self) -> torch.Tensor:
+        """[T, L] KV slot of each key position 0..L-1 (the element-gather path's index;
+        positions past a request's length repeat its last slot)."""
+        max_len = self.bias.shape[-1]
+        pos = torch.minimum(torch.arange(max_len).unsqueeze(0), (self.lengths - 1).unsqueeze(1))
+        block = self.blocks.gather(1, pos // self.block_size)
+        return block * self.block_size + pos % self.block_size
 
 
 def plan_tree_attention(plan: VerifyPlan, seq_lens: torch.Tensor, block_table: torch.Tensor,
@@ -167,12 +182,10 @@ def plan_tree_attention(plan: VerifyPlan, seq_lens: torch.Tensor, block_table: t
     recomputed = slot < count.unsqueeze(1)
     max_len = int(lengths.max())
     num_blocks = -(-max_len // block_size)
-    key_pos = torch.arange(num_blocks * block_size)
-    visible = verify_visibility(plan.ancestors, lengths - num_rows, num_rows, key_pos.numel())
-    visible = visible.gather(1, rows.unsqueeze(2).expand(-1, -1, visible.shape[2]))
+    visible = verify_visibility(plan.ancestors, lengths - num_rows, num_rows, max_len)
+    visible = visible.gather(1, rows.unsqueeze(2).expand(-1, -1, max_len))
     tables = block_table[plan.batch_index, :num_blocks].to(torch.int64)
     used = torch.arange(num_blocks) * block_size < lengths.unsqueeze(1)
-    pos = torch.minimum(key_pos[:max_len].unsqueeze(0), (lengths - 1).unsqueeze(1))  # [T, L]
     seg_rows = plan.root_row.unsqueeze(1) + rows
     # A batch of equal trees verified alone (batch-1 decoding included) reads its queries
     # and writes its rows through views: no row gather or scatter in any layer.
@@ -184,10 +197,9 @@ def plan_tree_attention(plan: VerifyPlan, seq_lens: torch.Tensor, block_table: t
         out_slots=torch.arange(recomputed.numel()).view_as(recomputed)[recomputed],
         blocks=torch.where(used, tables, tables[:, :1]),
         recomputed=recomputed,
-        bias=torch.zeros(visible.shape[0], visible.shape[1], max_len).masked_fill_(
-            ~visible[..., :max_len], float("-inf")),
-        slots=tables.gather(1, pos // block_size) * block_size + pos % block_size,
-        visible=visible[..., :max_len],
+        bias=torch.zeros(visible.shape).masked_fill_(~visible, float("-inf")),
+        lengths=lengths,
+        block_size=block_size,
         dense=dense,
     )
 
@@ -249,8 +261,9 @@ def tree_attention_by_elements(query: torch.Tensor, kv_cache: torch.Tensor, isa:
                                ) -> None:
     """:func:`tree_attention` for any page layout: keys and values gathered element by
     element through the layout vLLM's cache write reveals (also the fast path's twin)."""
-    num_req, max_len = plan.slots.shape
-    keys, values = gather_kv(kv_cache, plan.slots.view(-1), isa)
+    slots = plan.slots
+    num_req, max_len = slots.shape
+    keys, values = gather_kv(kv_cache, slots.view(-1), isa)
     keys = keys.view(num_req, max_len, *keys.shape[1:]).transpose(1, 2)  # [T, kvh, L, D]
     values = values.view(num_req, max_len, *values.shape[1:]).transpose(1, 2)
     q = _tree_queries(query, plan)

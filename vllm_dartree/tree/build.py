@@ -229,8 +229,7 @@ def candidate_logprobs(
         corrected = head.corrected_logprobs if graphs is None else graphs.logprobs
         return corrected(base, candidates.context[:, depth - 1],
                          candidates.weights[:, depth - 1], states)
-    logits = base.unsqueeze(1)
-    return logits - logits.logsumexp(dim=-1, keepdim=True)
+    return torch.log_softmax(base.unsqueeze(1), dim=-1)
 
 
 def _token_ids(columns: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Tensor:

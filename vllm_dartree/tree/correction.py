@@ -130,10 +130,13 @@ class DominoHead:
         return replace(self, input_gate_table=table)
 
     def root_state(self, root_tokens: torch.Tensor) -> torch.Tensor:
-        """[R] -> [R, G]: the state after consuming the root token from a zero state."""
-        gates = self.input_gates(root_tokens)
-        zero = gates.new_zeros(*root_tokens.shape, self.state_size)
-        return self.gru_step_from_gates(gates, zero)
+        """[R] -> [R, G]: the state after consuming the root token from a zero state.
+
+        With h = 0 the recurrent term W_hh h is 0, so it is left out (the same values as
+        :meth:`gru_step_from_gates` with a zero state, without its [G, 3G] matmul)."""
+        in_r, in_z, in_n = self.input_gates(root_tokens).chunk(3, dim=-1)
+        del in_r  # the reset gate only scales W_hh h, which is 0
+        return (1 - torch.sigmoid(in_z)) * torch.tanh(in_n)
 
     def advance(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """h [R, N, G], tokens [R, N] -> the states after consuming each token."""
@@ -163,7 +166,7 @@ class DominoHead:
                            cand_weights: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """base [R, K] + the bias for N parents -> log-probs [R, N, K] normalised over K."""
         logits = base.unsqueeze(1) + self.bias_from_parts(z_proj, h, cand_weights)
-        return logits - logits.logsumexp(dim=-1, keepdim=True)
+        return torch.log_softmax(logits, dim=-1)
 
     def candidate_bias(
         self, z_hidden: torch.Tensor, h: torch.Tensor, cand_ids: torch.Tensor

@@ -92,7 +92,7 @@ class MarkovHead:
         """base [R, K] + the bias for N parents -> log-probs [R, N, K] normalised over K
         (``context`` is the empty [R, 0] of :meth:`depth_context`)."""
         logits = base.unsqueeze(1) + self.candidate_bias(states, cand_weights).to(base.dtype)
-        return logits - logits.logsumexp(dim=-1, keepdim=True)
+        return torch.log_softmax(logits, dim=-1)
 
     def full_bias(self, prev_tokens: torch.Tensor) -> torch.Tensor:
         """Reference full-draft-vocabulary bias: [...] previous tokens -> [..., V']."""
