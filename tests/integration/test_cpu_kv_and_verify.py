@@ -50,6 +50,31 @@ def _tree(parents, depths, tokens):
                      torch.ones(1, budget, dtype=torch.bool), torch.zeros(1, budget), 4)
 
 
+@pytest.mark.parametrize(("isa", "block_size", "dtype"), [
+    ("vec16", 16, torch.float32), ("vec16", 32, torch.bfloat16),
+])
+def test_slot_moves_in_cpp_equal_the_torch_copy(isa, block_size, dtype):
+    """KV compaction's C++ move (all layers in one call) equals the torch copy layer by
+    layer, with chained pairs: a slot that is one pair's source and another's destination."""
+    from vllm.platforms import current_platform
+
+    from vllm_dartree.integration.cpu_attention import fast_layout
+    from vllm_dartree.kernels import cpu_tree_attention
+
+    current_platform.import_kernels()
+    gen = torch.Generator().manual_seed(1)
+    layers = [torch.randn(4, 3, block_size, 2 * 64, generator=gen).to(dtype) for _ in range(3)]
+    assert all(fast_layout(kv, isa) for kv in layers)
+    src, dst = torch.tensor([5, 9, 40, 17]), torch.tensor([4, 5, 6, 9])
+    expected = [kv.clone() for kv in layers]
+    for kv in expected:
+        copy_kv_slots(kv, src, dst, isa)
+    assert not torch.equal(expected[0], layers[0])  # something moved
+    cpu_tree_attention.move_slots(layers, src, dst)
+    for got, want in zip(layers, expected):
+        assert torch.equal(got, want)
+
+
 def test_accepted_path_rows_compaction_and_positions():
     # root -> 1 -> 2;  root -> 3 -> 4 -> 5   (nodes 1..5 in topological order)
     tree = _tree(parents=[0, 1, 0, 3, 4], depths=[1, 2, 1, 2, 3], tokens=[7, 8, 9, 10, 11])

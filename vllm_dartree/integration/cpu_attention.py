@@ -343,17 +343,29 @@ def _layer_plan(plan: VerifyPlan, attn_metadata, block_size: int, all_rows: bool
 
 def move_accepted_kv(accepted: AcceptedPaths,
                      kv_caches: list[tuple[torch.Tensor, str, torch.Tensor]]) -> None:
-    """Move each accepted path's KV to the slots right after its root, in every target layer
-    (vLLM's CPU layout packs K/V per ISA: copied through block views, or element by
-    element). On a CPU a host check is free: pairs that move nothing are dropped first."""
-    moving = None
+    """Move each accepted path's KV to the slots right after its root, in every target layer.
+
+    The pairs are computed once per slot mapping (one per KV-cache group, shared by its
+    layers); on a CPU a host check is free, so pairs that move nothing are dropped and a
+    step whose paths are their trees' first branches touches no layer. Transposed-key pages
+    move in one C++ call for all layers (``kernels.cpu_tree_attention.move_slots``); other
+    layouts, or no compiler, copy layer by layer (:func:`copy_kv_slots`)."""
+    groups: dict[int, tuple[torch.Tensor, torch.Tensor, list]] = {}
     for kv_cache, isa, slot_mapping in kv_caches:
-        src, dst = compaction_pairs(accepted, slot_mapping)
-        if moving is None:
-            moving = src != dst  # the same pairs move in every layer
-            if not bool(moving.any()):
-                return
-        copy_kv_slots(kv_cache, src[moving], dst[moving], isa)
+        if id(slot_mapping) not in groups:
+            src, dst = compaction_pairs(accepted, slot_mapping)
+            moving = src != dst
+            groups[id(slot_mapping)] = (src[moving], dst[moving], [])
+        groups[id(slot_mapping)][2].append((kv_cache, isa))
+    for src, dst, layers in groups.values():
+        if src.numel() == 0:
+            continue
+        in_pages = [kv for kv, isa in layers if fast_layout(kv, isa)]
+        if len(in_pages) == len(layers) and cpu_tree_attention.load():
+            cpu_tree_attention.move_slots(in_pages, src, dst)
+            continue
+        for kv_cache, isa in layers:
+            copy_kv_slots(kv_cache, src, dst, isa)
 
 
 class TreeCPUAttentionBackend(CPUAttentionBackend):

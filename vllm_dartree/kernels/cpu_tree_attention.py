@@ -1,4 +1,5 @@
-"""Tree verification attention read straight from vLLM's CPU KV pages: a C++ kernel.
+"""Tree verification attention read straight from vLLM's CPU KV pages: a C++ kernel
+(with its companion for KV compaction, :func:`move_slots`).
 
 Its torch twin (``integration.cpu_attention.tree_attention_by_blocks``) copies each
 request's K/V blocks and runs three batched kernels per layer; with 7-17 rows per tree most
@@ -238,8 +239,53 @@ void tree_attention(const torch::Tensor& query, const torch::Tensor& kv_cache,
   });
 }
 
+// KV compaction: in every layer's pages, slot dst[i] takes the keys and values of slot
+// src[i]. All pairs are read before any is written (a path's moves can chain: one pair's
+// source is another's destination). Any dtype: elements are moved as bytes.
+void move_slots(const std::vector<torch::Tensor>& caches, const torch::Tensor& src,
+                const torch::Tensor& dst) {
+  TORCH_CHECK(src.scalar_type() == at::kLong && dst.scalar_type() == at::kLong &&
+              src.is_contiguous() && dst.is_contiguous() && src.numel() == dst.numel(),
+              "src and dst: contiguous int64 slots of equal count");
+  const int64_t count = src.numel();
+  const int64_t* from = src.data_ptr<int64_t>();
+  const int64_t* to = dst.data_ptr<int64_t>();
+  std::vector<uint8_t> held;
+  for (const torch::Tensor& cache : caches) {
+    TORCH_CHECK(cache.dim() == 4 && cache.is_contiguous(),
+                "contiguous pages [blocks, kv_heads, block, 2 * head]");
+    const int64_t kv_heads = cache.size(1), block = cache.size(2), dim = cache.size(3) / 2;
+    const int64_t bytes = cache.element_size(), slots = cache.size(0) * block;
+    const int64_t page = block * 2 * dim * bytes;  // one (block, kv head)
+    const int64_t slot_bytes = 2 * dim * bytes;  // one slot's key and value
+    uint8_t* base = static_cast<uint8_t*>(cache.data_ptr());
+    held.resize(count * kv_heads * slot_bytes);
+    for (int pass = 0; pass < 2; ++pass) {
+      const bool reading = pass == 0;
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t slot = reading ? from[i] : to[i];
+        TORCH_CHECK(slot >= 0 && slot < slots, "slot ", slot, " outside the pages");
+        for (int64_t h = 0; h < kv_heads; ++h) {
+          uint8_t* kv_page = base + ((slot / block) * kv_heads + h) * page;
+          const int64_t o = slot % block;
+          uint8_t* buffer = held.data() + (i * kv_heads + h) * slot_bytes;
+          for (int64_t d = 0; d < dim; ++d) {  // K^T [dim, block]: column o
+            uint8_t* key = kv_page + (d * block + o) * bytes;
+            std::memcpy(reading ? buffer + d * bytes : key, reading ? key : buffer + d * bytes,
+                        bytes);
+          }
+          uint8_t* value = kv_page + (block * dim + o * dim) * bytes;  // V [block, dim]: row o
+          std::memcpy(reading ? buffer + dim * bytes : value,
+                      reading ? value : buffer + dim * bytes, dim * bytes);
+        }
+      }
+    }
+  }
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tree_attention", &tree_attention, "tree attention over vLLM CPU KV pages");
+  m.def("move_slots", &move_slots, "move KV slots in every layer's CPU pages");
 }
 """
 
@@ -292,6 +338,14 @@ def supports(query: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor) 
             and kv_cache.is_contiguous() and query.stride(2) == 1 and output.stride(2) == 1
             and kv_cache.shape[2] % 16 == 0 and query.shape[2] % 16 == 0
             and heads % kv_heads == 0 and heads // kv_heads <= 8)
+
+
+def move_slots(caches: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:
+    """In every cache of ``caches`` (contiguous transposed-key pages of any dtype), slot
+    ``dst[i]`` takes slot ``src[i]``'s keys and values, all read before any is written;
+    ``load()`` must have returned a module. Twin: ``integration.cpu_attention.copy_kv_slots``
+    per layer."""
+    load().move_slots(caches, src, dst)
 
 
 def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, blocks: torch.Tensor,
