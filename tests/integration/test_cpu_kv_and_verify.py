@@ -59,7 +59,7 @@ def test_slot_moves_in_cpp_equal_the_torch_copy(isa, block_size, dtype):
     from vllm.platforms import current_platform
 
     from vllm_dartree.integration.cpu_attention import fast_layout
-    from vllm_dartree.kernels import cpu_tree_attention
+    from vllm_dartree.kernels import cpu_kv_pages
 
     current_platform.import_kernels()
     gen = torch.Generator().manual_seed(1)
@@ -70,7 +70,7 @@ def test_slot_moves_in_cpp_equal_the_torch_copy(isa, block_size, dtype):
     for kv in expected:
         copy_kv_slots(kv, src, dst, isa)
     assert not torch.equal(expected[0], layers[0])  # something moved
-    cpu_tree_attention.move_slots(layers, src, dst)
+    cpu_kv_pages.move_slots(layers, src, dst)
     for got, want in zip(layers, expected):
         assert torch.equal(got, want)
 
@@ -133,7 +133,7 @@ def test_kernel_and_block_path_equal_the_element_path_and_a_naive_loop(isa, dtyp
         tree_attention_by_elements,
         tree_attention_in_pages,
     )
-    from vllm_dartree.kernels import cpu_tree_attention
+    from vllm_dartree.kernels import cpu_kv_pages
 
     current_platform.import_kernels()
     gen = torch.Generator().manual_seed(3)
@@ -178,7 +178,7 @@ def test_kernel_and_block_path_equal_the_element_path_and_a_naive_loop(isa, dtyp
     torch.testing.assert_close(by_blocks.float(), by_elements.float(), atol=atol, rtol=0)
     torch.testing.assert_close(fast.float(), by_elements.float(), atol=atol, rtol=0)
     if dtype == torch.float32:  # the product's path on this machine is the kernel
-        assert cpu_tree_attention.load() is not None, "the C++ kernel must build here"
+        assert cpu_kv_pages.load() is not None, "the C++ kernel must build here"
         in_pages = torch.full_like(query, untouched)
         tree_attention_in_pages(query, kv_cache, gather, head**-0.5, in_pages)
         torch.testing.assert_close(in_pages, by_elements, atol=1e-5, rtol=0)
@@ -236,16 +236,16 @@ def test_without_a_compiler_the_torch_twin_serves(monkeypatch, caplog):
     engine then verifies through the block-copy twin, tested above against the kernel)."""
     from torch.utils import cpp_extension
 
-    from vllm_dartree.kernels import cpu_tree_attention
+    from vllm_dartree.kernels import cpu_kv_pages
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("no c++ compiler")
 
-    cpu_tree_attention.load.cache_clear()
+    cpu_kv_pages.load.cache_clear()
     monkeypatch.setattr(cpp_extension, "load_inline", no_compiler)
     try:
         with caplog.at_level("WARNING"):
-            assert cpu_tree_attention.load() is None
+            assert cpu_kv_pages.load() is None
         assert "could not be built" in caplog.text and "no c++ compiler" in caplog.text
     finally:
-        cpu_tree_attention.load.cache_clear()  # the next caller builds (or finds) it again
+        cpu_kv_pages.load.cache_clear()  # the next caller builds (or finds) it again

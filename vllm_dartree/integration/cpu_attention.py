@@ -22,7 +22,7 @@ from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.refusals import refuse_layer
 from vllm_dartree.integration.tree_context import active_plan, step_cached
 from vllm_dartree.integration.verify_plan import AcceptedPaths, VerifyPlan, compaction_pairs
-from vllm_dartree.kernels import cpu_tree_attention
+from vllm_dartree.kernels import cpu_kv_pages
 from vllm_dartree.tree import verify_visibility
 
 
@@ -210,14 +210,14 @@ def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, isa: str,
     ``output`` [N, heads, head_size] at ``plan.out_rows`` (no other row is touched).
 
     Where vLLM stores keys transposed (``[K^T | V]`` per block and kv head) and everything
-    is float32, the C++ kernel reads the pages in place (``kernels.cpu_tree_attention``);
+    is float32, the C++ kernel reads the pages in place (``kernels.cpu_kv_pages``);
     without a compiler, or in other dtypes, the torch twin copies whole blocks
     (:func:`tree_attention_by_blocks`); any other page layout is gathered element by
     element (:func:`tree_attention_by_elements`).
     """
     if not fast_layout(kv_cache, isa):
         tree_attention_by_elements(query, kv_cache, isa, plan, scale, output)
-    elif cpu_tree_attention.supports(query, kv_cache, output) and cpu_tree_attention.load():
+    elif cpu_kv_pages.supports(query, kv_cache, output) and cpu_kv_pages.load():
         tree_attention_in_pages(query, kv_cache, plan, scale, output)
     else:
         tree_attention_by_blocks(query, kv_cache, plan, scale, output)
@@ -227,7 +227,7 @@ def tree_attention_in_pages(query: torch.Tensor, kv_cache: torch.Tensor,
                             plan: TreeAttentionPlan, scale: float, output: torch.Tensor
                             ) -> None:
     """:func:`tree_attention` by the C++ kernel (float32, transposed-key pages)."""
-    cpu_tree_attention.tree_attention(query, kv_cache, plan.blocks, plan.seg_rows,
+    cpu_kv_pages.tree_attention(query, kv_cache, plan.blocks, plan.seg_rows,
                                       plan.recomputed, plan.bias, scale, output)
 
 
@@ -297,7 +297,9 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         super().__init__(*args, **kwargs)
         refuse_layer(self, "CPU")  # before weights load; refusals.py checked the config
         self._tree_unsupported = ["fp8 kv cache"] if self.is_fp8_kv_cache else []
-        cpu_tree_attention.load()  # built (or found in the cache) at engine start, not mid-step
+        # Built (or found in the cache) at engine start, not mid-step: tree attention (float32)
+        # and KV compaction (any dtype) use it.
+        cpu_kv_pages.load()
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None):
@@ -348,7 +350,7 @@ def move_accepted_kv(accepted: AcceptedPaths,
     The pairs are computed once per slot mapping (one per KV-cache group, shared by its
     layers); on a CPU a host check is free, so pairs that move nothing are dropped and a
     step whose paths are their trees' first branches touches no layer. Transposed-key pages
-    move in one C++ call for all layers (``kernels.cpu_tree_attention.move_slots``); other
+    move in one C++ call for all layers (``kernels.cpu_kv_pages.move_slots``); other
     layouts, or no compiler, copy layer by layer (:func:`copy_kv_slots`)."""
     groups: dict[int, tuple[torch.Tensor, torch.Tensor, list]] = {}
     for kv_cache, isa, slot_mapping in kv_caches:
@@ -361,8 +363,8 @@ def move_accepted_kv(accepted: AcceptedPaths,
         if src.numel() == 0:
             continue
         in_pages = [kv for kv, isa in layers if fast_layout(kv, isa)]
-        if len(in_pages) == len(layers) and cpu_tree_attention.load():
-            cpu_tree_attention.move_slots(in_pages, src, dst)
+        if len(in_pages) == len(layers) and cpu_kv_pages.load():
+            cpu_kv_pages.move_slots(in_pages, src, dst)
             continue
         for kv_cache, isa in layers:
             copy_kv_slots(kv_cache, src, dst, isa)

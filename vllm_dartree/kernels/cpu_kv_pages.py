@@ -1,9 +1,10 @@
-"""Tree verification attention read straight from vLLM's CPU KV pages: a C++ kernel
-(with its companion for KV compaction, :func:`move_slots`).
+"""C++ kernels over vLLM's CPU KV pages, read and written in place: tree verification
+attention (:func:`tree_attention`) and KV compaction (:func:`move_slots`).
 
-Its torch twin (``integration.cpu_attention.tree_attention_by_blocks``) copies each
-request's K/V blocks and runs three batched kernels per layer; with 7-17 rows per tree most
-of its time is copies and dispatch, not arithmetic. This kernel reads the pages in place.
+Their torch twins live in ``integration.cpu_attention``: ``tree_attention_by_blocks``
+copies each request's K/V blocks and runs three batched kernels per layer (with 7-17 rows
+per tree most of its time is copies and dispatch, not arithmetic), and ``copy_kv_slots``
+moves slots layer by layer through eight small tensor ops each.
 
 Layout (vLLM's CPU backend, float32, the ISAs whose cache write stores keys transposed):
 ``kv_cache [num_blocks, kv_heads, block, 2 * D]``; one (block, kv head) holds ``K^T``
@@ -20,6 +21,9 @@ R x G query vectors. Tasks are split over torch's intra-op threads. Only slots w
 ``write[t, q]`` store their row ``rows[t, q]`` of ``output``. Block and head sizes must be
 multiples of 16 (vLLM's CPU backend uses multiples of 32) and G at most 8; :func:`supports`
 checks.
+
+:func:`move_slots` takes every layer's pages in one call and moves whole slots (key
+column and value row in each kv head) as bytes, so it serves any dtype.
 
 Built on first use with the machine's C++ compiler (``torch.utils.cpp_extension``, cached
 under the project's ``.cache``; ``-march=native``, so the build is keyed by the CPU's
@@ -317,7 +321,7 @@ def load():
 
     key = hashlib.sha256(" ".join([SOURCE, *CFLAGS, _cpu_flags(), torch.__version__]).encode()
                          ).hexdigest()
-    name = f"dartree_cpu_tree_attention_{key[:12]}"
+    name = f"dartree_cpu_kv_pages_{key[:12]}"
     build = cache_dir() / "torch_extensions" / name
     build.mkdir(parents=True, exist_ok=True)
     try:
@@ -325,8 +329,8 @@ def load():
             name, cpp_sources=[SOURCE], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
             build_directory=str(build), verbose=False)
     except Exception as error:  # no compiler, headers or ninja: the torch twin serves
-        logger.warning("dartree: the C++ CPU tree-attention kernel could not be built (%s); "
-                       "using the torch path", error)
+        logger.warning("dartree: the C++ kernels for CPU KV pages (tree attention, KV "
+                       "compaction) could not be built (%s); using their torch twins", error)
         return None
 
 
