@@ -50,10 +50,10 @@ def _tree(parents, depths, tokens):
                      torch.ones(1, budget, dtype=torch.bool), torch.zeros(1, budget), 4)
 
 
-@pytest.mark.parametrize(("isa", "block_size", "dtype"), [
-    ("vec16", 16, torch.float32), ("vec16", 32, torch.bfloat16),
+@pytest.mark.parametrize(("isa", "block_size", "dtype", "slot_dtype"), [
+    ("vec16", 16, torch.float32, torch.int64), ("vec16", 32, torch.bfloat16, torch.int32),
 ])
-def test_slot_moves_in_cpp_equal_the_torch_copy(isa, block_size, dtype):
+def test_slot_moves_in_cpp_equal_the_torch_copy(isa, block_size, dtype, slot_dtype):
     """KV compaction's C++ move (all layers in one call) equals the torch copy layer by
     layer, with chained pairs: a slot that is one pair's source and another's destination."""
     from vllm.platforms import current_platform
@@ -70,7 +70,7 @@ def test_slot_moves_in_cpp_equal_the_torch_copy(isa, block_size, dtype):
     for kv in expected:
         copy_kv_slots(kv, src, dst, isa)
     assert not torch.equal(expected[0], layers[0])  # something moved
-    cpu_kv_pages.move_slots(layers, src, dst)
+    cpu_kv_pages.move_slots(layers, src.to(slot_dtype), dst.to(slot_dtype))
     for got, want in zip(layers, expected):
         assert torch.equal(got, want)
 

@@ -228,7 +228,7 @@ def tree_attention_in_pages(query: torch.Tensor, kv_cache: torch.Tensor,
                             ) -> None:
     """:func:`tree_attention` by the C++ kernel (float32, transposed-key pages)."""
     cpu_kv_pages.tree_attention(query, kv_cache, plan.blocks, plan.seg_rows,
-                                      plan.recomputed, plan.bias, scale, output)
+                                plan.recomputed, plan.bias, scale, output)
 
 
 def tree_attention_by_blocks(query: torch.Tensor, kv_cache: torch.Tensor,

@@ -349,7 +349,8 @@ def move_slots(caches: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor)
     ``dst[i]`` takes slot ``src[i]``'s keys and values, all read before any is written;
     ``load()`` must have returned a module. Twin: ``integration.cpu_attention.copy_kv_slots``
     per layer."""
-    load().move_slots(caches, src, dst)
+    # vLLM's slot mappings are int64 on its CPU backend; any other integer type is widened.
+    load().move_slots(caches, src.to(torch.int64).contiguous(), dst.to(torch.int64).contiguous())
 
 
 def tree_attention(query: torch.Tensor, kv_cache: torch.Tensor, blocks: torch.Tensor,
