@@ -66,10 +66,15 @@ KNOBS_BY_VARIANT: dict[str, frozenset[str]] = {
 
 
 # Defaults on CPUs, where every verified row costs real compute (a SmolLM2-135M verify row
-# about 2 ms against a 25-40 ms decode step): small trees win. Chosen by
+# about 2 ms against a 25-40 ms decode step): small trees win. B and W chosen by
 # ``benchmarks/sweep_cpu_defaults.py`` on GSM8K/MATH training-split prompts (table in
-# ``benchmarks/results/cpu-sweep/``); the paper's defaults below stay for GPUs.
-CPU_DEFAULTS: dict[str, Any] = {"num_speculative_tokens": 6, "width": 4, "top_k": 16}
+# ``benchmarks/results/cpu-sweep/``); the paper's defaults below stay for GPUs. K is wide
+# because it is nearly free and tau is not: the candidates' log-probs are normalised over
+# the K, so a short list overrates every candidate and the head picks among fewer. At
+# B = 6, W = 4 (same prompts, tau being deterministic at T = 0): K = 16 -> 128 raised tau
+# 2.44 -> 2.61 (GSM8K train) and 2.04 -> 2.14 (MATH train) at the same tree-build time;
+# K = 256 added under 1% for 0.8 ms more (``cpu-sweep/top-k-tau.md``).
+CPU_DEFAULTS: dict[str, Any] = {"num_speculative_tokens": 6, "width": 4, "top_k": 128}
 
 
 class DARTreeConfigError(ValueError):
