@@ -271,6 +271,9 @@ def costly_drafting_policy() -> AdaptiveBudget:
 
 
 def test_drafting_backs_off_while_no_tree_pays_and_probes_in_between():
+    """No tree seen could pay at 3 requests either, so the pauses chain without a drafted
+    probe (2 + 4 steps) until the back-off reaches its maximum; from then on every 8th step
+    probes, in case the cost model is wrong."""
     policy, tree = costly_drafting_policy(), random_trees(4)
     decisions = []
     assert policy.should_draft(3)
@@ -280,7 +283,32 @@ def test_drafting_backs_off_while_no_tree_pays_and_probes_in_between():
         while not policy.should_draft(3):  # the first True is the next drafted probe
             skipped += 1
         decisions.append(skipped)
-    assert decisions == [2, 4, 8, 8]
+    assert decisions == [6, 8, 8, 8]
+
+
+def test_a_pause_ends_with_a_drafted_probe_where_the_best_tree_seen_could_pay():
+    """The same back-off where a tree could pay (the best gain seen raised to 3 tokens per
+    request): each pause ends with a drafted probe, 2, 4, 8 steps apart."""
+    policy, tree = costly_drafting_policy(), random_trees(4)
+    decisions = []
+    assert policy.should_draft(3)
+    for _ in range(3):
+        policy.choose(tree)
+        policy._recent_gains.append(3.0)  # as if a drafted step had delivered 3 per request
+        skipped = 0
+        while not policy.should_draft(3):
+            skipped += 1
+        decisions.append(skipped)
+    assert decisions == [2, 4, 8]
+
+
+def test_a_growing_batch_stops_drafting_without_a_drafted_step_where_no_tree_pays():
+    policy = step_cost_policy(ms_per_step=40.0)
+    policy.choose(random_trees(4, requests=1))  # one request: the tree pays
+    assert policy.should_draft(1)
+    assert not policy.should_draft(4)  # four: not even the best tree seen would pay
+    assert not policy.should_draft(4)
+    assert policy.should_draft(1)  # back to one: a pause ends early where trees pay
 
 
 def step_cost_policy(ms_per_step: float) -> AdaptiveBudget:

@@ -43,7 +43,13 @@ block; such steps repeat with a doubling back-off (``off_steps`` .. ``max_off_st
 between single drafted probes. A pause ends early when the batch has shrunk below the
 size at which drafting stopped and the cost model, with the gain and tree size per request
 last seen, predicts that a tree now pays (with fewer requests each step's fixed cost
-weighs more).
+weighs more). A probe costs a drafter pass over the whole batch (on a 2-core CPU at 16
+requests about half a plain step), so it is skipped, and the pause goes on, where no tree
+could pay by the same test with an optimistic tree: k nodes per request delivering
+min(k, G) tokens each beyond the root, G the best gain per request of the last 64 drafted
+steps. That test also stops drafting, without a drafted step, when the batch grows to a
+size where trees cannot pay. Once the back-off is at its maximum, probes run regardless
+(the cost model may be wrong where it extrapolates).
 
 Each request's nodes are put in priority order (:func:`priority_order`), so that any
 prefix of columns is a subtree: the chosen count of a request is just how many of its
@@ -57,6 +63,7 @@ host once per step (vLLM's scheduler takes the draft counts as host lists anyway
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -477,6 +484,7 @@ class AdaptiveBudget:
         self._rate: float | None = None  # smoothed predicted tokens/ms of drafted steps
         self._backoff = off_steps
         self._stopped_at = 0  # batch size when drafting last stopped
+        self._recent_gains: deque[float] = deque(maxlen=64)  # per request, drafted steps
         self._last_tree = (0.0, 0.0)  # gain (tokens beyond R) and nodes per request, then
         self._promised = torch.zeros((), device=device)  # EW sums: tokens beyond R that
         self._delivered = torch.zeros((), device=device)  # E promised / verification gave
@@ -496,10 +504,29 @@ class AdaptiveBudget:
         (rank 0 decides under TP)."""
         if self._off_left > 0 and requests < self._stopped_at and self._pays_at(requests):
             self._off_left = 0  # the load dropped: probe now (the back-off keeps growing)
+        if self._off_left == 0 and self._backoff < self.max_off_steps and not self._could_pay(
+                requests):
+            self._pause(requests)  # no drafted probe where no tree seen lately would pay
         if self._off_left > 0:
             self._off_left -= 1
             return False
         return True
+
+    def _could_pay(self, requests: int) -> bool:
+        """Whether some tree could pay at ``requests``: k nodes per request delivering
+        min(k, G) tokens beyond the root each, G the best gain per request of the recent
+        drafted steps (a node adds one token at most), for some k = 1 .. ceil(G).
+        True until the cost model and a gain have been seen."""
+        if self.steps <= self.probe_steps or not self._recent_gains:
+            return True
+        best = max(self._recent_gains)
+        per_request = torch.arange(1, max(1, math.ceil(best)) + 1, dtype=torch.float64)
+        tree_ms = self.cost.predict(requests, per_request * requests)
+        plain_ms = float(self.cost.predict(requests, 0, drafting=False))
+        if plain_ms <= 0 or bool((tree_ms <= 0).any()):
+            return True
+        rates = (1 + per_request.clamp(max=best)) / tree_ms
+        return bool((rates >= self.required_gain / plain_ms).any())
 
     def _pays_at(self, requests: int) -> bool:
         """Whether the last tree seen, per request, would pay with ``requests`` in a step."""
@@ -531,6 +558,7 @@ class AdaptiveBudget:
             return
         gain = self.gain_scale * (expected - requests)
         self._last_tree = (gain / requests, nodes / requests)
+        self._recent_gains.append(gain / requests)
         rate = (requests + gain) / tree_ms
         fresh = self._rate is None
         self._rate = rate if fresh else (
@@ -544,6 +572,10 @@ class AdaptiveBudget:
             return
         if measured is False:
             self.measured.forget_drafting(requests)
+        self._pause(requests)
+
+    def _pause(self, requests: int) -> None:
+        """Stop drafting for the current back-off, then double it."""
         self._off_left = self._backoff
         self._backoff = min(2 * self._backoff, self.max_off_steps)
         self._stopped_at = requests
