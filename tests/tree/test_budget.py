@@ -257,12 +257,12 @@ def test_the_policy_probes_sizes_at_start_and_never_counts_padding():
     assert second.counts == [0]
 
 
-def costly_drafting_policy() -> AdaptiveBudget:
+def costly_drafting_policy(steps: int = 40) -> AdaptiveBudget:
     """Drafting costs 10 ms per request and a row 30 ms: a drafted step's best tree (about
     5.7 tokens in 290 ms) loses to plain decoding (3 tokens in 110 ms)."""
     policy = AdaptiveBudget(max_depth=5, device=torch.device("cpu"), probe_steps=0,
                             probe_every=0, off_steps=2, max_off_steps=8)
-    for i in range(40):
+    for i in range(steps):
         rows, drafted = 3 + (i * 7) % 36, i % 3 != 0
         draft_ms = 10.0 * 3 if drafted else 1.0
         policy.record_drafting(drafted, draft_ms)
@@ -284,6 +284,23 @@ def test_drafting_backs_off_while_no_tree_pays_and_probes_in_between():
             skipped += 1
         decisions.append(skipped)
     assert decisions == [6, 8, 8, 8]
+
+
+def test_a_young_cost_model_cannot_rule_probes_out():
+    """Fewer tree steps seen than ``trusted_after``: every pause ends with a drafted probe
+    (2, 4, 8 steps apart), whatever the fit predicts, so the fit gets the samples that
+    correct it."""
+    policy, tree = costly_drafting_policy(steps=20), random_trees(4)
+    assert policy.cost.tree_steps < policy.trusted_after
+    decisions = []
+    assert policy.should_draft(3)
+    for _ in range(3):
+        policy.choose(tree)
+        skipped = 0
+        while not policy.should_draft(3):
+            skipped += 1
+        decisions.append(skipped)
+    assert decisions == [2, 4, 8]
 
 
 def test_a_pause_ends_with_a_drafted_probe_where_the_best_tree_seen_could_pay():

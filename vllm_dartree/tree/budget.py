@@ -306,6 +306,7 @@ attention set-up, acceptance, KV compaction).
         self.drafting = LinearCost(("drafting step", "drafted request"))
         self.context_ms = 0.0  # a step that does not draft: it holds its context (EMA)
         self._context_steps = 0
+        self.tree_steps = 0  # samples kept that verified a tree (evidence for t_row, t_tree)
 
     @property
     def observed(self) -> int:
@@ -330,8 +331,10 @@ attention set-up, acceptance, KV compaction).
             self.context_ms = draft_ms if self._context_steps == 0 else (
                 0.9 * self.context_ms + 0.1 * draft_ms)
             self._context_steps += 1
-        return self.target.observe(max(ms - draft_ms, 0.0), 1.0, requests, rows,
+        kept = self.target.observe(max(ms - draft_ms, 0.0), 1.0, requests, rows,
                                    float(nodes > 0))
+        self.tree_steps += kept and nodes > 0
+        return kept
 
     def describe(self) -> str:
         return (f"target {self.target.describe()}; drafting {self.drafting.describe()}; "
@@ -468,6 +471,7 @@ class AdaptiveBudget:
     required_gain = 1.05  # a drafted step must promise this much more than plain decoding
     gain_decay = 0.95  # forgetting of the delivered/promised token sums
     gain_pseudo = 2.0  # tokens of prior weight on g = 1
+    trusted_after = 32  # tree steps the cost model must have seen to rule probes out
 
     def __init__(self, max_depth: int, device: torch.device, probe_steps: int = 5,
                  probe_every: int = 100, off_steps: int = 4, max_off_steps: int = 256,
@@ -516,8 +520,10 @@ class AdaptiveBudget:
         """Whether some tree could pay at ``requests``: k nodes per request delivering
         min(k, G) tokens beyond the root each, G the best gain per request of the recent
         drafted steps (a node adds one token at most), for some k = 1 .. ceil(G).
-        True until the cost model and a gain have been seen."""
-        if self.steps <= self.probe_steps or not self._recent_gains:
+        True until the cost model has seen ``trusted_after`` steps that verified a tree: a
+        young fit can price a tree step absurdly (serving at one request: 3.5 s after ten
+        drafted steps), and only drafted probes correct it."""
+        if self.cost.tree_steps < self.trusted_after or not self._recent_gains:
             return True
         best = max(self._recent_gains)
         per_request = torch.arange(1, max(1, math.ceil(best)) + 1, dtype=torch.float64)
