@@ -224,7 +224,7 @@ def test_calibration_counts_only_verified_nodes():
 
 
 # ---------------------------------------------------------------------- policy
-def trained_policy(ms_per_row: float, steps: int = 30) -> AdaptiveBudget:
+def trained_policy(ms_per_row: float, steps: int = 40) -> AdaptiveBudget:
     policy = AdaptiveBudget(max_depth=5, device=torch.device("cpu"), probe_steps=0,
                             probe_every=0)
     for i in range(steps):
@@ -301,6 +301,15 @@ def test_a_young_cost_model_cannot_rule_probes_out():
             skipped += 1
         decisions.append(skipped)
     assert decisions == [2, 4, 8]
+
+
+def test_a_young_cost_model_verifies_a_quarter_of_the_nodes_where_it_would_verify_none():
+    """Rows cost a whole step (the trained fit chooses no node), but with 20 tree steps
+    seen the policy verifies a quarter of R*B = 36 nodes: the steps that test its fit."""
+    young = trained_policy(ms_per_row=30.0, steps=20)
+    assert young.cost.tree_steps < young.trusted_after
+    assert sum(young.choose(random_trees(2)).counts) == 9
+    assert trained_policy(ms_per_row=30.0).choose(random_trees(2)).counts == [0, 0, 0]
 
 
 def test_a_pause_ends_with_a_drafted_probe_where_the_best_tree_seen_could_pay():

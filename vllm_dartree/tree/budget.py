@@ -463,7 +463,12 @@ class AdaptiveBudget:
     the first ``probe_steps`` drafted steps take their count from a cycle over 0 .. R*B (and
     the step after every fifth does not draft), and every ``probe_every``-th drafted step
     verifies a quarter of R*B more than n* or no node at all, so the per-row, per-request and drafting costs
-    stay told apart (output is unaffected: any count is lossless, drafting or not).
+    stay told apart (output is unaffected: any count is lossless, drafting or not). After
+    that cycle and until the cost model has seen ``trusted_after`` steps that verified a
+    tree, every drafted step verifies at least a quarter of R*B: a young fit can price a tree step absurdly (a slow
+    first step at start-up: 3.3 s after 13 drafted steps in a serving check), then chooses
+    no node, and a step without a node never shows it wrong (serving check run 10 at one
+    request: 1000 steps without drafting before it recovered).
     """
 
     PROBE_FRACTIONS = (1.0, 0.0, 0.5, 0.25, 0.75)
@@ -605,6 +610,8 @@ class AdaptiveBudget:
                 # Alternately a quarter of R*B more than n*, and no node at all.
                 probe = self.steps // self.probe_every % 2
                 chosen = (chosen + -(-total // 4)).clamp(max=total) if probe else chosen * 0
+            if self.cost.tree_steps < self.trusted_after:
+                chosen = chosen.clamp(min=-(-total // 4))  # evidence for the tree's cost
         counts = counts_of_top(acceptance, chosen, ordered.valid)
         kept = torch.arange(budget, device=counts.device) < counts.unsqueeze(1)
         promised = (acceptance * kept).sum()
