@@ -3,6 +3,7 @@ hand-made cost curves and probabilities, the cost fit and the calibration arithm
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -152,6 +153,16 @@ def test_an_idle_gap_is_not_taken_for_cost():
     before = model.coefficients.copy()
     assert not model.observe(5000.0, 1.0, 10)  # the engine waited for a request
     assert (model.coefficients == before).all()
+
+
+def test_an_idle_gap_before_warmup_is_not_taken_for_cost():
+    """A server's warm-up request, then the first real one minutes later: the step that
+    spans the wait is skipped although the fit has too few samples to predict it."""
+    model = LinearCost(("step", "row"), warmup=8)
+    assert model.observe(50.0, 1.0, 1)
+    assert not model.observe(101_000.0, 1.0, 7)
+    assert model.observe(400.0, 1.0, 80)  # a prefill: large, but not ten times the largest
+    assert model.observed == 2
 
 
 def test_the_fit_is_solved_when_read_and_screened_against_a_recent_solve(monkeypatch):
@@ -320,7 +331,8 @@ def test_a_pause_ends_with_a_drafted_probe_where_the_best_tree_seen_could_pay():
     assert policy.should_draft(3)
     for _ in range(3):
         policy.choose(tree)
-        policy._recent_gains.append(3.0)  # as if a drafted step had delivered 3 per request
+        # As if the best tree seen had promised every node up to 3 tokens per request.
+        policy._recent_curves.append(np.minimum(np.arange(1.0, 13.0), 3.0))
         skipped = 0
         while not policy.should_draft(3):
             skipped += 1
@@ -350,6 +362,16 @@ def step_cost_policy(ms_per_step: float) -> AdaptiveBudget:
         policy.observe_step(requests, requests + nodes, nodes,
                             ms_per_step + draft_ms + 30.0 * (requests + nodes))
     return policy
+
+
+def test_nodes_that_promise_less_than_a_token_each_cannot_pay_where_sure_ones_would():
+    """Four requests, rows at 30 ms, drafting at 10 ms per request: k nodes per request pay
+    once they deliver 0.3 + 0.78 k tokens. The best trees seen promised either every node
+    (up to 3 tokens per request) or 0.6 tokens per node: only the first lets a probe run."""
+    for per_node, drafts in ((1.0, True), (0.6, False)):
+        policy = step_cost_policy(ms_per_step=40.0)
+        policy._recent_curves.append(np.minimum(per_node * np.arange(1.0, 13.0), 3.0))
+        assert policy.should_draft(4) is drafts
 
 
 def test_a_pause_ends_early_when_the_batch_shrinks_to_where_trees_pay():
@@ -439,6 +461,39 @@ def test_measured_rates_stop_drafting_that_the_model_says_pays():
     policy.choose(tree)  # measured: 0.0875 tokens/ms drafting, 0.12 plain
     assert not policy.should_draft(3)
     assert policy.measured.rate(True, 3) is None  # measured afresh after the pause
+
+
+def test_a_step_spanning_an_idle_gap_is_not_a_measured_rate():
+    policy = trained_policy(ms_per_row=0.0)
+    policy.record_drafting(False, 1.0)
+    assert not policy.observe_step(3, 3, 0, 60_000.0)  # plain, then the engine idled
+    assert (False, 3) not in policy.measured._sums
+
+
+def test_a_veto_keeps_the_back_off_growing_until_drafting_measures_paying():
+    """The model says trees pay at 3 requests, the measured rates say they do not: each
+    veto pauses drafting for twice as long as the one before (4, 8, 16 steps), although
+    the model approves every drafted step in between; once drafting measures paying, the
+    model's approval resets the back-off."""
+    policy, tree = trained_policy(ms_per_row=0.0), random_trees(5)
+    policy.max_off_steps = 64
+
+    def veto(on_ms: float) -> int:
+        for _ in range(policy.measured.min_on):
+            policy.measured.observe(True, 3, tokens=3.5, ms=on_ms)
+        for _ in range(policy.measured.min_off):
+            policy.measured.observe(False, 3, tokens=3.0, ms=25.0)
+        policy.choose(tree)
+        skipped = 0
+        while not policy.should_draft(3):
+            skipped += 1
+        policy.choose(tree)  # the probe: the model approves, nothing measured yet
+        assert policy.should_draft(3)
+        return skipped
+
+    assert [veto(on_ms=40.0) for _ in range(3)] == [4, 8, 16]
+    veto(on_ms=20.0)  # measured: 0.175 tokens/ms drafting against 0.12 plain
+    assert policy._backoff == policy.off_steps
 
 
 def test_drafting_pauses_to_measure_plain_steps():

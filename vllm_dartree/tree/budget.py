@@ -33,7 +33,11 @@ wrong where it extrapolates (plain steps it rarely sees, costs that are not line
 so measured rates have a veto (:class:`MeasuredRates`): once the engine has seen, at this
 batch size, enough steady drafted steps and plain steps, drafting stops whenever the
 drafted steps delivered fewer tokens per ms than the plain ones (their drafted sums are then
-dropped and measured afresh after the pause). Every ``plain_every``-th drafted step pauses
+dropped and measured afresh after the pause). Until a later measurement at that batch size
+says drafting paid, the model's approval does not reset the back-off there (so each veto
+doubles it, where otherwise every veto was followed by a four-step pause and eight more
+losing drafted steps) and a shrinking batch does not end a pause early at
+that size. Every ``plain_every``-th drafted step pauses
 drafting for a few steps until three such probes have measured plain steps at this batch
 size.
 
@@ -45,9 +49,9 @@ size at which drafting stopped and the cost model, with the gain and tree size p
 last seen, predicts that a tree now pays (with fewer requests each step's fixed cost
 weighs more). A probe costs a drafter pass over the whole batch (on a 2-core CPU at 16
 requests about half a plain step), so it is skipped, and the pause goes on, where no tree
-could pay by the same test with an optimistic tree: k nodes per request delivering
-min(k, G) tokens each beyond the root, G the best gain per request of the last 64 drafted
-steps. That test also stops drafting, without a drafted step, when the batch grows to a
+could pay by the same test with an optimistic tree: k nodes per request delivering G_k
+tokens each beyond the root, G_k the most that the best k nodes per request of any of the
+last 64 drafted steps promised (times g). That test also stops drafting, without a drafted step, when the batch grows to a
 size where trees cannot pay. Once the back-off is at its maximum, probes run regardless
 (the cost model may be wrong where it extrapolates).
 
@@ -63,7 +67,6 @@ host once per step (vLLM's scheduler takes the draft counts as host lists anyway
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -212,7 +215,10 @@ class LinearCost:
     over every support of the coefficients (an unconstrained fit trades a huge intercept for
     a negative slope whenever a feature barely varies), plus a small ridge so the fit starts
     defined. A sample far above the prediction (an idle engine between requests) is not
-    evidence of cost and is skipped once the model has seen ``warmup`` samples.
+    evidence of cost and is skipped once the model has seen ``warmup`` samples; before
+    that, a sample over ``gap_ratio`` times the largest one kept is skipped (a server's
+    warm-up request, then the first real request minutes later: a serving check took that
+    gap, 101 s, for the cost of its first tree step).
 
     The fit is solved when the coefficients are next read, not at every sample: a pause in
     drafting observes every step but predicts nothing, and a solve costs about a millisecond
@@ -225,12 +231,14 @@ class LinearCost:
     ridge: float = 1e-3
     warmup: int = 8
     outlier_ratio: float = 3.0
+    gap_ratio: float = 10.0
     screen_lag: int = 16
     observed: int = 0
     _gram: np.ndarray = field(init=False)
     _moment: np.ndarray = field(init=False)
     _solved: np.ndarray = field(init=False)  # the fit as of the last solve
     _unsolved: int = field(init=False, default=0)  # samples added since
+    _largest: float = field(init=False, default=0.0)  # ms, the largest sample kept
 
     def __post_init__(self) -> None:
         size = len(self.terms)
@@ -257,6 +265,9 @@ class LinearCost:
             fit = self.coefficients if fresh else self._solved
             if ms > self.outlier_ratio * float(fit @ x):
                 return False
+        elif self.observed and ms > self.gap_ratio * self._largest:
+            return False
+        self._largest = max(self._largest, ms)
         self._gram = self.decay * self._gram + np.outer(x, x)
         self._moment = self.decay * self._moment + ms * x
         self.observed += 1
@@ -493,7 +504,8 @@ class AdaptiveBudget:
         self._rate: float | None = None  # smoothed predicted tokens/ms of drafted steps
         self._backoff = off_steps
         self._stopped_at = 0  # batch size when drafting last stopped
-        self._recent_gains: deque[float] = deque(maxlen=64)  # per request, drafted steps
+        self._vetoed: dict[int, bool] = {}  # R -> the last measured verdict was against
+        self._recent_curves: deque[np.ndarray] = deque(maxlen=64)  # drafted steps' G_k
         self._last_tree = (0.0, 0.0)  # gain (tokens beyond R) and nodes per request, then
         self._promised = torch.zeros((), device=device)  # EW sums: tokens beyond R that
         self._delivered = torch.zeros((), device=device)  # E promised / verification gave
@@ -511,7 +523,8 @@ class AdaptiveBudget:
     def should_draft(self, requests: int) -> bool:
         """Whether this step, with ``requests`` in its batch, should draft trees for the next
         (rank 0 decides under TP)."""
-        if self._off_left > 0 and requests < self._stopped_at and self._pays_at(requests):
+        if (self._off_left > 0 and requests < self._stopped_at
+                and not self._vetoed.get(requests, False) and self._pays_at(requests)):
             self._off_left = 0  # the load dropped: probe now (the back-off keeps growing)
         if self._off_left == 0 and self._backoff < self.max_off_steps and not self._could_pay(
                 requests):
@@ -522,21 +535,24 @@ class AdaptiveBudget:
         return True
 
     def _could_pay(self, requests: int) -> bool:
-        """Whether some tree could pay at ``requests``: k nodes per request delivering
-        min(k, G) tokens beyond the root each, G the best gain per request of the recent
-        drafted steps (a node adds one token at most), for some k = 1 .. ceil(G).
-        True until the cost model has seen ``trusted_after`` steps that verified a tree: a
-        young fit can price a tree step absurdly (serving at one request: 3.5 s after ten
+        """Whether some tree could pay at ``requests``: k nodes per request delivering G_k
+        tokens beyond the root each, for some k, where G_k is the most that the best k*R'
+        nodes of any of the last 64 drafted steps (R' requests) promised per request, times
+        g. True until the cost model has seen ``trusted_after`` steps that verified a tree:
+        a young fit can price a tree step absurdly (serving at one request: 3.5 s after ten
         drafted steps), and only drafted probes correct it."""
-        if self.cost.tree_steps < self.trusted_after or not self._recent_gains:
+        if self.cost.tree_steps < self.trusted_after or not self._recent_curves:
             return True
-        best = max(self._recent_gains)
-        per_request = torch.arange(1, max(1, math.ceil(best)) + 1, dtype=torch.float64)
+        size = max(len(curve) for curve in self._recent_curves)
+        best = torch.from_numpy(np.max(  # beyond a tree's last column its curve stays flat
+            [np.pad(curve, (0, size - len(curve)), mode="edge") for curve in
+             self._recent_curves], axis=0))
+        per_request = torch.arange(1, size + 1, dtype=torch.float64)
         tree_ms = self.cost.predict(requests, per_request * requests)
         plain_ms = float(self.cost.predict(requests, 0, drafting=False))
         if plain_ms <= 0 or bool((tree_ms <= 0).any()):
             return True
-        rates = (1 + per_request.clamp(max=best)) / tree_ms
+        rates = (1 + best) / tree_ms
         return bool((rates >= self.required_gain / plain_ms).any())
 
     def _pays_at(self, requests: int) -> bool:
@@ -554,7 +570,8 @@ class AdaptiveBudget:
         self._drafted, self._draft_ms = drafted, ms - set_aside_ms
         self._set_aside_ms = set_aside_ms
 
-    def _update_worth(self, requests: int, expected: float, nodes: int) -> None:
+    def _update_worth(self, requests: int, expected: float, nodes: int,
+                      curve: list[float]) -> None:
         """After a drafted step: keep drafting, or back off (doubling) while it does not pay.
 
         The drafted steps' predicted rate is smoothed (``rate_smoothing``; the first drafted
@@ -569,14 +586,17 @@ class AdaptiveBudget:
             return
         gain = self.gain_scale * (expected - requests)
         self._last_tree = (gain / requests, nodes / requests)
-        self._recent_gains.append(gain / requests)
+        self._recent_curves.append(self.gain_scale * np.asarray(curve))
         rate = (requests + gain) / tree_ms
         fresh = self._rate is None
         self._rate = rate if fresh else (
             self.rate_smoothing * self._rate + (1 - self.rate_smoothing) * rate)
         measured = self.measured.verdict(requests)
+        if measured is not None:
+            self._vetoed[requests] = not measured
         if self._rate >= self.required_gain * requests / plain_ms and measured is not False:
-            self._backoff = self.off_steps
+            if not self._vetoed.get(requests, False):
+                self._backoff = self.off_steps
             if (self.plain_every and self.steps % self.plain_every == 0
                     and self.measured.needs_plain(requests)):
                 self._off_left = PLAIN_PROBE_STEPS  # measure plain decoding at this load
@@ -617,14 +637,19 @@ class AdaptiveBudget:
         promised = (acceptance * kept).sum()
         self._pending = promised
         gain = (self._delivered + self.gain_pseudo) / (self._promised + self.gain_pseudo)
+        # What the best k*R nodes of this batch promise per request, k = 1 .. B.
+        ends = torch.arange(1, budget + 1, device=acceptance.device) * num_requests - 1
+        curve = acceptance.flatten().sort(descending=True).values.cumsum(0)[ends]
         host = torch.cat([counts.to(torch.float64),
-                          torch.stack([promised, gain]).to(torch.float64)])
-        *counts_host, promised_host, self.gain_scale = host.tolist()  # the step's host read
+                          torch.stack([promised, gain]).to(torch.float64),
+                          curve.to(torch.float64) / num_requests]).tolist()  # the host read
+        counts_host, (promised_host, self.gain_scale) = host[:num_requests], host[
+            num_requests:num_requests + 2]
         expected_host = num_requests + promised_host
         counts_host = [int(c) for c in counts_host]
         nodes = sum(counts_host)
         self.steps += 1
-        self._update_worth(num_requests, expected_host, nodes)
+        self._update_worth(num_requests, expected_host, nodes, host[num_requests + 2:])
         predicted = float(self.cost.predict(num_requests, nodes))
         return BudgetChoice(ordered, counts_host, expected_host, predicted)
 
@@ -641,13 +666,14 @@ class AdaptiveBudget:
         accepted, self._accepted = self._accepted, None
         ms -= self._set_aside_ms
         self._drafted, self._draft_ms, self._set_aside_ms = False, 0.0, 0.0
-        if rows == requests + nodes:  # no prefill in the step
+        kept = self.cost.observe(requests, rows, nodes, ms, drafted, draft_ms)
+        if kept and rows == requests + nodes:  # no idle gap, no prefill in the step
             if drafted and drafted_before and (nodes == 0 or accepted is not None):
                 tokens = requests + (0.0 if accepted is None else float(accepted))
                 self.measured.observe(True, requests, tokens, ms)
             elif not drafted and nodes == 0:
                 self.measured.observe(False, requests, float(requests), ms)
-        return self.cost.observe(requests, rows, nodes, ms, drafted, draft_ms)
+        return kept
 
     def observe_acceptance(self, tree: DraftTree, num_accepted: torch.Tensor) -> None:
         """The verified trees of the last choice and their path lengths (root included)."""
