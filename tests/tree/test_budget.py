@@ -281,37 +281,37 @@ def costly_drafting_policy(steps: int = 40) -> AdaptiveBudget:
     return policy
 
 
+def pauses_after_drafted_steps(policy: AdaptiveBudget, tree: DraftTree, rounds: int,
+                               after_choice=lambda: None) -> list[int]:
+    """``rounds`` times: a drafted step choosing from ``tree`` at 3 requests, then the
+    number of steps that do not draft before the next drafted probe."""
+    pauses = []
+    assert policy.should_draft(3)
+    for _ in range(rounds):
+        policy.choose(tree)
+        after_choice()
+        skipped = 0
+        while not policy.should_draft(3):  # the first True is the next drafted probe
+            skipped += 1
+        pauses.append(skipped)
+    return pauses
+
+
 def test_drafting_backs_off_while_no_tree_pays_and_probes_in_between():
     """No tree seen could pay at 3 requests either, so the pauses chain without a drafted
     probe (2 + 4 steps) until the back-off reaches its maximum; from then on every 8th step
     probes, in case the cost model is wrong."""
-    policy, tree = costly_drafting_policy(), random_trees(4)
-    decisions = []
-    assert policy.should_draft(3)
-    for _ in range(4):
-        policy.choose(tree)  # a drafted step: its tree does not pay
-        skipped = 0
-        while not policy.should_draft(3):  # the first True is the next drafted probe
-            skipped += 1
-        decisions.append(skipped)
-    assert decisions == [6, 8, 8, 8]
+    assert pauses_after_drafted_steps(costly_drafting_policy(), random_trees(4), 4) == [
+        6, 8, 8, 8]
 
 
 def test_a_young_cost_model_cannot_rule_probes_out():
     """Fewer tree steps seen than ``trusted_after``: every pause ends with a drafted probe
     (2, 4, 8 steps apart), whatever the fit predicts, so the fit gets the samples that
     correct it."""
-    policy, tree = costly_drafting_policy(steps=20), random_trees(4)
+    policy = costly_drafting_policy(steps=20)
     assert policy.cost.tree_steps < policy.trusted_after
-    decisions = []
-    assert policy.should_draft(3)
-    for _ in range(3):
-        policy.choose(tree)
-        skipped = 0
-        while not policy.should_draft(3):
-            skipped += 1
-        decisions.append(skipped)
-    assert decisions == [2, 4, 8]
+    assert pauses_after_drafted_steps(policy, random_trees(4), 3) == [2, 4, 8]
 
 
 def test_a_young_cost_model_verifies_a_quarter_of_the_nodes_where_it_would_verify_none():
@@ -326,18 +326,13 @@ def test_a_young_cost_model_verifies_a_quarter_of_the_nodes_where_it_would_verif
 def test_a_pause_ends_with_a_drafted_probe_where_the_best_tree_seen_could_pay():
     """The same back-off where a tree could pay (the best gain seen raised to 3 tokens per
     request): each pause ends with a drafted probe, 2, 4, 8 steps apart."""
-    policy, tree = costly_drafting_policy(), random_trees(4)
-    decisions = []
-    assert policy.should_draft(3)
-    for _ in range(3):
-        policy.choose(tree)
-        # As if the best tree seen had promised every node up to 3 tokens per request.
+    policy = costly_drafting_policy()
+
+    def best_tree_promised_every_node():  # up to 3 tokens per request
         policy._recent_curves.append(np.minimum(np.arange(1.0, 13.0), 3.0))
-        skipped = 0
-        while not policy.should_draft(3):
-            skipped += 1
-        decisions.append(skipped)
-    assert decisions == [2, 4, 8]
+
+    assert pauses_after_drafted_steps(policy, random_trees(4), 3,
+                                      best_tree_promised_every_node) == [2, 4, 8]
 
 
 def test_a_growing_batch_stops_drafting_without_a_drafted_step_where_no_tree_pays():
