@@ -323,16 +323,28 @@ def test_a_young_cost_model_verifies_a_quarter_of_the_nodes_where_it_would_verif
     assert trained_policy(ms_per_row=30.0).choose(random_trees(2)).counts == [0, 0, 0]
 
 
-def test_a_pause_ends_with_a_drafted_probe_where_the_best_tree_seen_could_pay():
-    """The same back-off where a tree could pay (the best gain seen raised to 3 tokens per
-    request): each pause ends with a drafted probe, 2, 4, 8 steps apart."""
+def test_a_pause_ends_with_a_drafted_probe_where_the_trees_seen_could_pay():
+    """The same back-off where a tree could pay (as if the drafted steps had promised every
+    node, up to 3 tokens per request): each pause ends with a drafted probe, 2, 4, 8 steps
+    apart."""
     policy = costly_drafting_policy()
 
-    def best_tree_promised_every_node():  # up to 3 tokens per request
+    def trees_promised_every_node():
+        policy._recent_curves.clear()
         policy._recent_curves.append(np.minimum(np.arange(1.0, 13.0), 3.0))
 
     assert pauses_after_drafted_steps(policy, random_trees(4), 3,
-                                      best_tree_promised_every_node) == [2, 4, 8]
+                                      trees_promised_every_node) == [2, 4, 8]
+
+
+def test_a_probe_is_judged_by_the_trees_seen_on_average():
+    """One easy step whose tree promised every node among 63 that promised 0.1 per node:
+    the average does not pay, so the pause goes on without a drafted probe."""
+    policy = step_cost_policy(ms_per_step=40.0)
+    policy._recent_curves.append(np.minimum(np.arange(1.0, 13.0), 3.0))
+    assert policy.should_draft(4)
+    policy._recent_curves.extend([np.minimum(0.1 * np.arange(1.0, 13.0), 3.0)] * 63)
+    assert not policy.should_draft(4)
 
 
 def test_a_growing_batch_stops_drafting_without_a_drafted_step_where_no_tree_pays():
@@ -361,8 +373,9 @@ def step_cost_policy(ms_per_step: float) -> AdaptiveBudget:
 
 def test_nodes_that_promise_less_than_a_token_each_cannot_pay_where_sure_ones_would():
     """Four requests, rows at 30 ms, drafting at 10 ms per request: k nodes per request pay
-    once they deliver 0.3 + 0.78 k tokens. The best trees seen promised either every node
-    (up to 3 tokens per request) or 0.6 tokens per node: only the first lets a probe run."""
+    (without the margin) once they deliver 0.24 + 0.75 k tokens. The trees seen promised
+    either every node (up to 3 tokens per request) or 0.6 tokens per node: only the first
+    lets a probe run."""
     for per_node, drafts in ((1.0, True), (0.6, False)):
         policy = step_cost_policy(ms_per_step=40.0)
         policy._recent_curves.append(np.minimum(per_node * np.arange(1.0, 13.0), 3.0))

@@ -49,9 +49,9 @@ size at which drafting stopped and the cost model, with the gain and tree size p
 last seen, predicts that a tree now pays (with fewer requests each step's fixed cost
 weighs more). A probe costs a drafter pass over the whole batch (on a 2-core CPU at 16
 requests about half a plain step), so it is skipped, and the pause goes on, where no tree
-could pay by the same test with an optimistic tree: k nodes per request delivering G_k
-tokens each beyond the root, G_k the most that the best k nodes per request of any of the
-last 64 drafted steps promised (times g). That test also stops drafting, without a drafted step, when the batch grows to a
+could pay by the same test without its margin: k nodes per request delivering G_k tokens
+each beyond the root, G_k what the best k nodes per request of the last 64 drafted steps
+promised on average (times g). That test also stops drafting, without a drafted step, when the batch grows to a
 size where trees cannot pay. Once the back-off is at its maximum, probes run regardless
 (the cost model may be wrong where it extrapolates).
 
@@ -535,16 +535,18 @@ class AdaptiveBudget:
         return True
 
     def _could_pay(self, requests: int) -> bool:
-        """Whether some tree could pay at ``requests``: k nodes per request delivering G_k
-        tokens beyond the root each, for some k, where G_k is the most that the best k*R'
-        nodes of any of the last 64 drafted steps (R' requests) promised per request, times
-        g. True until the cost model has seen ``trusted_after`` steps that verified a tree:
+        """Whether some tree could pay at ``requests``, without the 5% margin: k nodes per
+        request delivering G_k tokens beyond the root each, for some k, where G_k is what
+        the best k*R' nodes of the last 64 drafted steps (R' requests each) promised per
+        request, times g, on average over the steps (the most any step promised is too
+        optimistic: at one request an easy stretch of text promises a token per node,
+        which let probes run at 16 requests in a serving check). True until the cost model has seen ``trusted_after`` steps that verified a tree:
         a young fit can price a tree step absurdly (serving at one request: 3.5 s after ten
         drafted steps), and only drafted probes correct it."""
         if self.cost.tree_steps < self.trusted_after or not self._recent_curves:
             return True
         size = max(len(curve) for curve in self._recent_curves)
-        best = torch.from_numpy(np.max(  # beyond a tree's last column its curve stays flat
+        gains = torch.from_numpy(np.mean(  # beyond a tree's last column its curve is flat
             [np.pad(curve, (0, size - len(curve)), mode="edge") for curve in
              self._recent_curves], axis=0))
         per_request = torch.arange(1, size + 1, dtype=torch.float64)
@@ -552,8 +554,7 @@ class AdaptiveBudget:
         plain_ms = float(self.cost.predict(requests, 0, drafting=False))
         if plain_ms <= 0 or bool((tree_ms <= 0).any()):
             return True
-        rates = (1 + best) / tree_ms
-        return bool((rates >= self.required_gain / plain_ms).any())
+        return bool(((1 + gains) / tree_ms >= 1 / plain_ms).any())
 
     def _pays_at(self, requests: int) -> bool:
         """Whether the last tree seen, per request, would pay with ``requests`` in a step."""
