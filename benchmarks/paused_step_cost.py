@@ -10,7 +10,9 @@ at every step (``PendingContext.limit = 1``, what a paused step did before).
 
     .venv/bin/python benchmarks/paused_step_cost.py --concurrency 1 --rounds 6
 
-Prints the median engine-step time of each setting and its median per-round ratio to AR.
+Prints the median engine-step time of each setting and its median per-round ratio to AR,
+and the same for the whole request set (prefill, every step, and any held context written
+when the hold fills: what a server's throughput sees, and a median step does not).
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from vllm_dartree.harness.engine import build_llm, drafter_of, prepare_process
 PROMPT_LEN = 300
 
 
-def step_times(llm, concurrency: int, tag: str, max_tokens: int) -> float:
-    """Median ms of the engine steps after the prefill, ``concurrency`` requests at once."""
+def step_times(llm, concurrency: int, tag: str, max_tokens: int) -> tuple[float, float]:
+    """Median ms of the engine steps after the first, and ms of all of them (prefill
+    included), ``concurrency`` requests at once."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -37,13 +40,14 @@ def step_times(llm, concurrency: int, tag: str, max_tokens: int) -> float:
     for i in range(concurrency):
         ids = [(7 * i + 13 * j + len(tag)) % 5000 + 100 for j in range(PROMPT_LEN)]
         engine.add_request(f"{tag}-{i}", TokensPrompt(prompt_token_ids=ids), sampling)
-    engine.step()  # the prefill
+    first = time.perf_counter()
+    engine.step()  # the prefill (all of it where it fits one step's token budget)
     times = []
     while engine.has_unfinished_requests():
         started = time.perf_counter()
         engine.step()
         times.append((time.perf_counter() - started) * 1e3)
-    return statistics.median(times)
+    return statistics.median(times), (time.perf_counter() - first) * 1e3
 
 
 def main() -> None:
@@ -70,17 +74,21 @@ def main() -> None:
     settings = {"ar": (ar, None), "held context": (dartree, hold),
                 "context every step": (dartree, 1)}
     medians: dict[str, list[float]] = {name: [] for name in settings}
+    totals: dict[str, list[float]] = {name: [] for name in settings}
     for round_index in range(args.rounds + 1):  # round 0 warms up
         for name, (llm, limit) in settings.items():
             if limit is not None:
                 pending.limit = limit
-            ms = step_times(llm, args.concurrency, f"{name}-{round_index}", args.max_tokens)
+            ms, total = step_times(llm, args.concurrency, f"{name}-{round_index}",
+                                   args.max_tokens)
             if round_index:
                 medians[name].append(ms)
-    for name, values in medians.items():
-        ratio = statistics.median(v / a for v, a in zip(values, medians["ar"]))
-        print(f"C={args.concurrency} {name:20s} step {statistics.median(values):6.2f} ms  "
-              f"x{ratio:.3f} of AR  rounds {[round(v, 1) for v in values]}")
+                totals[name].append(total)
+    for what, table in (("step", medians), ("request set", totals)):
+        for name, values in table.items():
+            ratio = statistics.median(v / a for v, a in zip(values, table["ar"]))
+            print(f"C={args.concurrency} {name:20s} {what} {statistics.median(values):8.1f} ms"
+                  f"  x{ratio:.3f} of AR  rounds {[round(v, 1) for v in values]}")
     os._exit(0)  # two in-process engines: skip their teardown
 
 

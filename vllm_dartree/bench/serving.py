@@ -36,10 +36,14 @@ WIDTH_METRIC = "vllm_dartree:budget_width"
 
 def server_args(config: Any, max_len: int, max_seqs: int, spec: dict[str, Any] | None,
                 has_tokenizer: bool) -> list[str]:
+    # Every cell sends the same prompts again, so with prefix caching later cells skip most
+    # prefill, and unevenly: an engine with a hidden-state drafter re-computes the last
+    # matched block of each prompt (vLLM drops it for EAGLE-style drafting), a whole
+    # 128-token block on the CPU, which is most of a benchmark prompt. Off for every method.
     args = ["--dtype", config.dtype, "--max-model-len", str(max_len), "--enforce-eager",
             "--max-num-seqs", str(max_seqs), "--max-num-batched-tokens",
             str(max(2048, max_len)), "--kv-cache-memory-bytes", str(config.kv_cache_mib << 20),
-            "--seed", str(config.seed)]
+            "--seed", str(config.seed), "--no-enable-prefix-caching"]
     if not has_tokenizer:
         args.append("--skip-tokenizer-init")
     if spec:
