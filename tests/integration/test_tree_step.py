@@ -230,6 +230,27 @@ def test_a_proposal_is_only_verified_by_the_next_step():
     assert plan.tree.parents[0].tolist() == [0, 1, 2, 3, 4, 5]
 
 
+def test_a_step_where_no_request_drafted_runs_as_plain_decoding():
+    # vLLM builds draft metadata for every step of a speculative engine, zero drafts too (a
+    # paused adaptive step): such a step gets no plan, so no tree mask, depth positions or
+    # tree sampler, and the proposal it did not schedule is dropped.
+    gen = torch.Generator().manual_seed(8)
+    step, _, moves = make_step(gen)  # proposal handed over in step 1
+    decode = np.ones(len(REQ_IDS), dtype=np.int64)
+    assert step.plan(REQ_IDS, [0] * len(REQ_IDS), decode, {}, verify_as_chain=False) is None
+    positions = torch.arange(len(REQ_IDS))
+    with step.target_forward(positions, lambda: None) as active:
+        assert active is None and tree_context.active_plan() is None
+    assert torch.equal(positions, torch.arange(len(REQ_IDS)))
+    assert step.accept(torch.zeros(len(REQ_IDS), VOCAB), SimpleNamespace(all_greedy=True),
+                       0) is None
+    assert not moves
+    # The step-1 trees are not verified by the step after either: it verifies vLLM's tokens.
+    plan = step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, {"r1": [1] * 6, "r2": [2] * 3,
+                                                          "r3": [3] * 4}, False)
+    assert plan.tree.tokens[:, 0].tolist() == [1, 2, 3]
+
+
 def test_batches_that_read_the_drafted_prefix_are_left_to_vllm():
     gen = torch.Generator().manual_seed(7)
     step, _, _ = make_step(gen)

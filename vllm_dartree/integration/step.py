@@ -80,7 +80,9 @@ class TreeStep:
              num_scheduled: np.ndarray, chain_drafts: dict[str, list[int]],
              verify_as_chain: bool) -> VerifyPlan | None:
         """Lay out this step's tree verification; None when vLLM verifies it (no drafts, or
-        a batch whose sampling reads the drafted prefix)."""
+        a batch whose sampling reads the drafted prefix). A step without drafts has no plan,
+        so its forward and attention run as in plain decoding (the adaptive budget's paused
+        steps)."""
         StepProfile.new_round(self.device)
         self._time_previous_step(len(req_ids), int(np.sum(num_scheduled[: len(req_ids)])),
                                  0 if num_drafts is None else int(sum(num_drafts)))
@@ -89,8 +91,8 @@ class TreeStep:
         self._plan = self._kv_caches = self._accepted = None
         if self.budget_policy is not None:  # no drafts scheduled: none were given
             self.budget_policy.observe_scheduled(num_drafts or [])
-        if num_drafts is None or verify_as_chain:
-            return None
+        if num_drafts is None or verify_as_chain or not any(num_drafts):
+            return None  # vLLM verifies it (a step without drafts: plain decoding)
         if proposal is not None and proposal.step != self.step - 1:
             proposal = None  # proposed for a step that was never verified
         self._proposed_in = None if proposal is None else proposal.step

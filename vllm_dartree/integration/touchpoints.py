@@ -219,6 +219,9 @@ NAMES: tuple[VllmName, ...] = _names(
     VllmName(f"{RUNNER}._input_fits_in_drafter", ("self", "common_attn_metadata"), exact=True,
              use="wrapped: a dartree drafter fits each request's query itself"),
     VllmName(f"{RUNNER}.drafter"),
+    VllmName(f"{RUNNER}.sampler", use="a step where no request drafted samples with it, as "
+             "plain decoding does"),
+    VllmName("vllm.v1.sample.sampler:Sampler.forward", ("self", "logits", "sampling_metadata")),
     VllmName("vllm.distributed.parallel_state:get_tp_group"),
     VllmName("vllm.distributed.parallel_state:GroupCoordinator.broadcast_object",
              ("obj", "src"), use="adaptive budget: rank 0's drafting decision"),
