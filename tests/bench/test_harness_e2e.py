@@ -27,7 +27,7 @@ def bench(engines, tmp_path_factory):
     config = BenchConfig(target=str(target), drafter=str(drafter),
                          methods=["ar", "dartree-pruned"], datasets=["random"], num_samples=3,
                          max_new_tokens=TOKENS, ignore_eos=True, out=out, kv_cache_mib=64,
-                         dtype="float32", progress=False, save_trees=4, concurrency=[1])
+                         dtype="float32", progress=False, save_trees=4, concurrency=[1], repeats=2)
     return run_benchmark(config), out
 
 
@@ -59,6 +59,17 @@ def test_acceptance_agrees_with_server_metrics(bench):
     assert served["completion_tokens"] == 3 * TOKENS
     assert served["tau_vllm"] == pytest.approx(metrics.tau_micro(runs))
     assert next(r for r in results["concurrency"] if r["method"] == "ar")["speedup"] == 1.0
+
+
+def test_repeated_server_rounds_are_identical_at_greedy(bench):
+    """--repeats 2: the faster method is measured twice (median reported), and every round of
+    both methods gives AR's first-round completions."""
+    results, _ = bench
+    rows = results["concurrency"]
+    fastest = max(rows, key=lambda r: r["tokens_per_s"])
+    assert len(fastest["rounds_tokens_per_s"]) == 2
+    assert all(r["mismatches"] == 0 for r in rows)
+    assert sum(r["checked"] for r in rows) >= 3 * 2  # AR's second round or dartree's two
 
 
 def test_per_round_records(bench):

@@ -132,7 +132,7 @@ def test_serving_rows_compare_with_ar_per_dataset_and_concurrency():
 
     def row(method, dataset, c, tps, texts):
         return {"method": method, "dataset": dataset, "concurrency": c, "tokens_per_s": tps,
-                "requests": len(texts), "texts": texts, "drafts_per_step": 2.5}
+                "requests": len(texts), "texts": [texts], "drafts_per_step": 2.5}
 
     rows = [row("ar", "gsm8k", 1, 10.0, ["a", "b"]), row("ar", "mt-bench", 1, 20.0, ["c"]),
             row("dartree-adaptive", "gsm8k", 1, 15.0, ["a", "x"]),
@@ -146,3 +146,38 @@ def test_serving_rows_compare_with_ar_per_dataset_and_concurrency():
     text = "\n".join(_concurrency_lines(rows))
     assert "### GSM8K" in text and "### MT-Bench" in text
     assert "15.0 (1.50×)" in text and "1 of 3 served completions differ" in text
+
+
+def test_repeated_serving_rounds_report_the_median_and_check_every_round():
+    from vllm_dartree.bench.report import _concurrency_lines
+    from vllm_dartree.bench.serving import combine, compare_with_ar, contenders
+
+    def measured(tps, texts, drafts=0, draft_tokens=0, accepted=0):
+        moved = {"num_drafts": drafts, "num_draft_tokens": draft_tokens,
+                 "num_accepted_tokens": accepted, "width_sum": 4.0 * drafts,
+                 "width_count": drafts}
+        return {"concurrency": 2, "requests": len(texts), "completion_tokens": 10,
+                "wall_s": 10 / tps, "tokens_per_s": tps, "mean_latency_s": 1.0 / tps,
+                "moved": moved, "texts": texts}
+
+    # Slow methods are not measured again: under half of the best first-round rate.
+    assert contenders({"ar": 10.0, "dartree-adaptive": 12.0, "dartree-pruned": 5.9}) == [
+        "ar", "dartree-adaptive"]
+    ar = combine([measured(10.0, ["a", "b"]), measured(8.0, ["a", "b"]),
+                  measured(12.0, ["a", "c"])])
+    adaptive = combine([measured(9.0, ["a", "b"], 2, 8, 3), measured(11.0, ["a", "x"], 1, 4, 1),
+                        measured(13.0, ["a", "b"], 1, 4, 2)])
+    assert ar["tokens_per_s"] == 10.0 and ar["wall_s"] == 1.0
+    assert adaptive["tokens_per_s"] == 11.0 and adaptive["rounds_tokens_per_s"] == [9.0, 11.0, 13.0]
+    assert adaptive["tau_vllm"] == pytest.approx(1 + 6 / 4)  # counters summed over rounds
+    assert adaptive["drafts_per_step"] == pytest.approx(4.0) and adaptive["mean_width"] == 4.0
+    rows = [{"method": "ar", "dataset": "gsm8k"} | ar,
+            {"method": "dartree-adaptive", "dataset": "gsm8k"} | adaptive]
+    compare_with_ar(rows, greedy=True)
+    assert rows[1]["speedup"] == pytest.approx(1.1)
+    # Against AR's first round: one adaptive completion and one of AR's own later ones differ.
+    assert (rows[0]["mismatches"], rows[0]["checked"]) == (1, 4)
+    assert (rows[1]["mismatches"], rows[1]["checked"]) == (1, 6)
+    text = "\n".join(_concurrency_lines(rows))
+    assert "Median of 3 interleaved rounds" in text and "9.0, 11.0, 13.0" in text
+    assert "2 of 10 served completions differ" in text

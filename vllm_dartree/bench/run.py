@@ -73,6 +73,7 @@ class BenchConfig:
     threads: int | None = None  # torch/OpenMP threads of the engines (None: torch's default)
     profile: bool = False  # per-round phase times of every tree method (integration/profile.py)
     serving_only: bool = False  # only the concurrency (OpenAI server) measurement
+    repeats: int = 1  # concurrency: interleaved rounds per method and cell (median reported)
     write: bool = True
     progress: bool = True
 
@@ -434,6 +435,8 @@ def parser() -> argparse.ArgumentParser:
                    help="also serve each method over OpenAI and measure C concurrent clients")
     p.add_argument("--serving-only", action="store_true", default=None,
                    help="with --concurrency: only the OpenAI-server measurement")
+    p.add_argument("--repeats", type=int, help="with --concurrency: rounds per method, "
+                   "dataset and C, interleaved, median tok/s reported (default 1)")
     p.add_argument("--batch-size", type=int, help="requests in flight in the in-process run "
                    "(default 1: one at a time)")
     tree, cpu = TreeParams(), TreeParams.for_machine(on_cpu=True)
@@ -490,6 +493,8 @@ def main(argv: list[str] | None = None) -> None:
     config = config_from_args(parser().parse_args(argv))
     if config.serving_only and not config.concurrency:
         raise SystemExit("--serving-only needs --concurrency C [C ...]")
+    if config.repeats < 1:
+        raise SystemExit(f"--repeats must be at least 1, got {config.repeats}")
     results = run_benchmark(config)
     print((Path(config.out) / "table.md").read_text())
     if results.get("mismatches"):
