@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from vllm_dartree.bench import metrics
 from vllm_dartree.bench.run import BenchConfig, DrafterMissing, config_from_args, parser
@@ -99,6 +100,8 @@ def test_written_outputs_and_viz(bench, tmp_path):
     assert stored["summary"] == json.loads(json.dumps(results["summary"]))
     table = (out / "table.md").read_text()
     assert "| DARTree (pruned) |" in table and "equals AR's on every sample" in table
+    isa = torch.backends.cpu.get_cpu_capability()  # the vector ISA the results depend on
+    assert stored["meta"]["machine"]["cpu_capability"] == isa and f"CPUs ({isa})" in table
     assert (out / "acceptance_t0.png").exists() and (out / "depths_t0.png").exists()
     assert list((out / "trees").glob("tree_dartree-pruned_random0_*.png"))
     viz_main([str(out), "--rounds", "1", "--out", str(tmp_path)])

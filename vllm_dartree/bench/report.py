@@ -81,7 +81,8 @@ def _drafters(meta: dict[str, Any]) -> str:
 def _machine(meta: dict[str, Any]) -> str:
     machine = meta.get("machine") or {}
     device = machine.get("gpu") or "no GPU"
-    return (f"{machine.get('cpus', '?')} x {machine.get('cpu', '?')} CPUs, {device}, "
+    isa = f" ({machine['cpu_capability']})" if machine.get("cpu_capability") else ""
+    return (f"{machine.get('cpus', '?')} x {machine.get('cpu', '?')} CPUs{isa}, {device}, "
             f"{machine.get('platform', '?')}, torch "
             f"{machine.get('torch', '?')}, vLLM {machine.get('vllm', '?')}, wall "
             f"{meta.get('wall_s', '?')} s")

