@@ -168,6 +168,9 @@ def test_repeated_serving_rounds_report_the_median_and_check_every_round():
     adaptive = combine([measured(9.0, ["a", "b"], 2, 8, 3), measured(11.0, ["a", "x"], 1, 4, 1),
                         measured(13.0, ["a", "b"], 1, 4, 2)])
     assert ar["tokens_per_s"] == 10.0 and ar["wall_s"] == 1.0
+    # An even count reports the lower middle round: its rate, wall time and latency agree.
+    even = combine([measured(10.0, ["a", "b"]), measured(8.0, ["a", "b"])])
+    assert (even["tokens_per_s"], even["wall_s"], even["mean_latency_s"]) == (8.0, 1.25, 0.125)
     assert adaptive["tokens_per_s"] == 11.0 and adaptive["rounds_tokens_per_s"] == [9.0, 11.0, 13.0]
     assert adaptive["tau_vllm"] == pytest.approx(1 + 6 / 4)  # counters summed over rounds
     assert adaptive["drafts_per_step"] == pytest.approx(4.0) and adaptive["mean_width"] == 4.0

@@ -102,6 +102,12 @@ def _lossless_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _checked(row: dict[str, Any]) -> int:
+    """Completions of ``row`` compared with AR's first round. Results written before rows
+    carried ``checked`` compared every request of a non-AR method and none of AR's."""
+    return row.get("checked", row["requests"] * (row["method"] != "ar"))
+
+
 def _concurrency_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The paper's Table 4 per dataset: tokens/s and speedup over AR at each concurrency."""
     if not rows:
@@ -144,11 +150,10 @@ def _concurrency_lines(rows: list[dict[str, Any]]) -> list[str]:
             lines.append(f"- {DATASET_LABELS.get(r.get('dataset', 'all'), r.get('dataset'))} "
                          f"C={r['concurrency']} {label(r['method'])}: {rates}")
         lines.append("")
-    checked = [r for r in rows if r.get("mismatches") is not None
-               and r.get("checked", r["requests"] * (r["method"] != "ar"))]
+    checked = [r for r in rows if r.get("mismatches") is not None and _checked(r)]
     differ = sum(r["mismatches"] for r in checked)
     if checked:
-        total = sum(r.get("checked", r["requests"]) for r in checked)
+        total = sum(_checked(r) for r in checked)
         lines.append(f"Losslessness (T = 0): {differ} of {total} served completions differ "
                      "from AR's (first round).")
     return lines + [""]

@@ -24,7 +24,6 @@ be near the best, and the slow fixed trees would otherwise multiply the run's ho
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -103,17 +102,17 @@ def measure(base: str, prompts: list[list[int]], concurrency: int, config: Any) 
 
 
 def combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """One method's row of a cell from its rounds: the median round's rate and latency,
+    """One method's row of a cell from its rounds: the median round's rate, wall time and
+    latency (the lower middle round for an even count, so the three stay one round's),
     every round's rate, counters summed, every round's completions (for the AR check)."""
-    by_rate = sorted(rounds, key=lambda r: r["tokens_per_s"] or 0.0)
-    median = statistics.median(r["tokens_per_s"] or 0.0 for r in rounds)
+    median = sorted(rounds, key=lambda r: r["tokens_per_s"] or 0.0)[(len(rounds) - 1) // 2]
     moved = {name: sum(r["moved"][name] for r in rounds) for name in rounds[0]["moved"]}
     drafts, width_steps = moved["num_drafts"], moved["width_count"]
     return {"concurrency": rounds[0]["concurrency"], "requests": rounds[0]["requests"],
             "completion_tokens": rounds[0]["completion_tokens"],
-            "wall_s": by_rate[len(rounds) // 2]["wall_s"], "tokens_per_s": median,
+            "wall_s": median["wall_s"], "tokens_per_s": median["tokens_per_s"],
             "rounds_tokens_per_s": [r["tokens_per_s"] for r in rounds],
-            "mean_latency_s": by_rate[len(rounds) // 2]["mean_latency_s"],
+            "mean_latency_s": median["mean_latency_s"],
             "tau_vllm": 1 + moved["num_accepted_tokens"] / drafts if drafts else None,
             "drafts_per_step": moved["num_draft_tokens"] / drafts if drafts else 0.0,
             "mean_width": moved["width_sum"] / width_steps if width_steps else None,
