@@ -9,6 +9,7 @@ from variants import VARIANTS as TREE_VARIANTS
 from vllm_dartree.config import CPU_DEFAULTS
 from vllm_dartree.harness.engine import generate_ids, spec_decode_counters
 from vllm_dartree.models.tiny import TargetSpec, random_prompts
+from vllm_dartree.testing.draft_rpcs import counting_draft_rpcs
 
 pytestmark = pytest.mark.e2e
 
@@ -100,6 +101,21 @@ def test_a_reduced_draft_vocabulary_is_lossless(engines, tiny_target, tiny_domin
 @pytest.fixture(scope="module")
 def pruned_engine(engines, tiny_target, tiny_domino):
     return engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **BATCH)
+
+
+@pytest.mark.parametrize("settings", [{}, {"budget_policy": "adaptive"}],
+                         ids=["fixed", "adaptive"])
+def test_drafts_come_back_with_the_sampled_tokens(engines, tiny_target, tiny_domino, baseline,
+                                                   settings):
+    """The engine core never asks the worker for the next drafts in a call of their own
+    (integration/draft_handoff.py); the drafts it schedules still give AR's output."""
+    llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino, **settings),
+                      **BATCH)
+    drafted_before = spec_decode_counters(llm).get("num_drafts", 0)
+    with counting_draft_rpcs(llm) as calls:
+        assert generate_ids(llm, PROMPTS, params()) == baseline
+    assert spec_decode_counters(llm)["num_drafts"] > drafted_before
+    assert calls == []
 
 
 def _target_only(engines, tiny_target, prompts, sampling, **engine):

@@ -18,6 +18,7 @@ PROBE = textwrap.dedent(
     import vllm, vllm.engine.arg_utils, vllm.config.vllm, vllm.v1.worker.gpu_model_runner
     import vllm.v1.attention.backends.registry as registry
     import vllm.v1.sample.rejection_sampler, vllm.utils.cpu_triton_utils
+    import vllm.v1.core.sched.scheduler, vllm.v1.engine.core
     from vllm import ModelRegistry
 
     import types

@@ -202,12 +202,13 @@ class TritonTreeAttention(BackendOverride):
 def dartree_touchpoints() -> list[type[TouchPoint]]:
     """Every change activation makes to vLLM, in the order it applies them."""
     from vllm_dartree.integration.compat import CPU_DEFECT_FIXES
+    from vllm_dartree.integration.draft_handoff import DRAFT_HANDOFF_PATCHES
     from vllm_dartree.integration.runner import RUNNER_PATCHES, DFlashProposerGlobal
 
     return [ActiveInEngineProcesses, V1RunnerForDartree, DrafterBlockLookahead,
             *CPU_DEFECT_FIXES,
             DrafterArchitecture, DSparkDrafterArchitecture, CpuTreeAttention, TritonTreeAttention,
-            DFlashProposerGlobal, *RUNNER_PATCHES]
+            DFlashProposerGlobal, *RUNNER_PATCHES, *DRAFT_HANDOFF_PATCHES]
 
 
 _activated = False

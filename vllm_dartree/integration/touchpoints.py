@@ -206,7 +206,7 @@ NAMES: tuple[VllmName, ...] = _names(
     VllmName("vllm.forward_context:ForwardContext.no_compile_layers"),
     VllmName("vllm.model_executor.layers.attention.attention:Attention.kv_cache"),
     # --- the model runner (V1)
-    VllmName(RUNNER, use="five methods wrapped"),
+    VllmName(RUNNER, use="six methods wrapped"),
     VllmName("vllm.v1.worker.gpu_model_runner:DFlashProposer",
              use="module global swapped while a dartree runner is built"),
     VllmName(f"{RUNNER}.__init__", ("self", "vllm_config", "device"), exact=True),
@@ -231,7 +231,22 @@ NAMES: tuple[VllmName, ...] = _names(
              "goes to the scheduler as is"),
     VllmName("vllm.v1.core.sched.scheduler:Scheduler.update_draft_token_ids",
              ("self", "draft_token_ids"), exact=True,
-             use="adaptive budget: each request's spec_token_ids, any length"),
+             use="adaptive budget: each request's spec_token_ids, any length; "
+                 "draft_handoff calls it from post_step as vLLM does"),
+    # --- drafts returned with the sampled tokens (integration/draft_handoff.py)
+    VllmName(f"{RUNNER}.sample_tokens", ("self", "grammar_output"), exact=True,
+             use="wrapped: a dartree runner's output carries its next drafts"),
+    VllmName(f"{RUNNER}.take_draft_token_ids", ("self",), exact=True,
+             use="what the engine core's RPC would have returned"),
+    VllmName("vllm.v1.outputs:ModelRunnerOutput", use="the synchronous step output"),
+    VllmName("vllm.v1.outputs:ModelRunnerOutput.req_ids"),
+    VllmName("vllm.v1.core.sched.scheduler:Scheduler.update_from_output",
+             ("self", "scheduler_output", "model_runner_output"), exact=True,
+             use="wrapped: keeps the drafts that came with the output"),
+    VllmName("vllm.v1.engine.core:EngineCore.post_step", ("self", "model_executed"),
+             exact=True, use="wrapped: hands kept drafts to the scheduler without "
+             "executor.take_draft_token_ids (one RPC per step)"),
+    VllmName("vllm.v1.engine.core:EngineCore.scheduler"),
     VllmName(f"{RUNNER}._get_eagle3_aux_layers_from_config", ("self",), exact=True,
              use="reads a drafter's target layers from dflash_config only "
                  "(activation.expose_target_layers copies DSpark's there)"),
