@@ -184,3 +184,11 @@ def test_repeated_serving_rounds_report_the_median_and_check_every_round():
     text = "\n".join(_concurrency_lines(rows))
     assert "Median of 3 interleaved rounds" in text and "9.0, 11.0, 13.0" in text
     assert "2 of 10 served completions differ" in text
+
+
+def test_a_serving_only_report_leaves_the_in_process_losslessness_line_out():
+    """Its served completions are checked in the concurrency section instead."""
+    from vllm_dartree.bench.report import _lossless_lines
+
+    assert _lossless_lines({"runs": [], "mismatches": None}) == []
+    assert "not checked" in _lossless_lines({"runs": [{}], "mismatches": None})[0]

@@ -90,6 +90,8 @@ def _machine(meta: dict[str, Any]) -> str:
 
 def _lossless_lines(results: dict[str, Any]) -> list[str]:
     found = results.get("mismatches")
+    if found is None and not results.get("runs"):
+        return []  # a serving-only run: its concurrency section checks the served outputs
     if found is None:
         return ["Losslessness (T = 0): not checked (needs AR and T = 0 in the run)."]
     if not found:
