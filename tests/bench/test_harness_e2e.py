@@ -63,12 +63,18 @@ def test_acceptance_agrees_with_server_metrics(bench):
 
 
 def test_repeated_server_rounds_are_identical_at_greedy(bench):
-    """--repeats 2: the faster method is measured twice (median reported), and every round of
-    both methods gives AR's first-round completions."""
+    """--repeats 2: the method with the best first round is measured twice (median reported),
+    any other only if its first round reached CONTENDER_SHARE of the best, and every round of
+    both methods gives AR's first-round completions. (The first round decides: the median of
+    two rounds can fall below a once-measured method's rate when the second round is slow.)"""
+    from vllm_dartree.bench.serving import CONTENDER_SHARE
+
     results, _ = bench
     rows = results["concurrency"]
-    fastest = max(rows, key=lambda r: r["tokens_per_s"])
-    assert len(fastest["rounds_tokens_per_s"]) == 2
+    best = max(r["rounds_tokens_per_s"][0] for r in rows)
+    for row in rows:
+        contender = row["rounds_tokens_per_s"][0] >= CONTENDER_SHARE * best
+        assert len(row["rounds_tokens_per_s"]) == (2 if contender else 1), row["method"]
     assert all(r["mismatches"] == 0 for r in rows)
     assert sum(r["checked"] for r in rows) >= 3 * 2  # AR's second round or dartree's two
 
