@@ -174,6 +174,8 @@ def test_repeated_serving_rounds_report_the_median_and_check_every_round():
     assert adaptive["tokens_per_s"] == 11.0 and adaptive["rounds_tokens_per_s"] == [9.0, 11.0, 13.0]
     assert adaptive["tau_vllm"] == pytest.approx(1 + 6 / 4)  # counters summed over rounds
     assert adaptive["drafts_per_step"] == pytest.approx(4.0) and adaptive["mean_width"] == 4.0
+    # 3 rounds x (10 tokens - 2 prefill tokens) - 6 accepted = 18 decode request-steps, 4 drafted.
+    assert adaptive["drafted_share"] == pytest.approx(4 / 18)
     rows = [{"method": "ar", "dataset": "gsm8k"} | ar,
             {"method": "dartree-adaptive", "dataset": "gsm8k"} | adaptive]
     compare_with_ar(rows, greedy=True)
@@ -183,6 +185,7 @@ def test_repeated_serving_rounds_report_the_median_and_check_every_round():
     assert (rows[1]["mismatches"], rows[1]["checked"]) == (1, 6)
     text = "\n".join(_concurrency_lines(rows))
     assert "Median of 3 interleaved rounds" in text and "9.0, 11.0, 13.0" in text
+    assert "verified a draft (C=2: 22%)" in text
     assert "2 of 10 served completions differ" in text
 
 

@@ -128,7 +128,8 @@ def _concurrency_lines(rows: list[dict[str, Any]]) -> list[str]:
             for level in levels:
                 row = index.get((method, dataset, level), {})
                 cells.append(f"{_fmt(row.get('tokens_per_s'), '.1f')} "
-                             f"({_fmt(row.get('speedup'), '.2f', '×')})")
+                             f"({_fmt(row.get('speedup'), '.2f', '×')})"
+                             + ("†" if row.get("cut") else ""))
             lines.append("| " + " | ".join(cells) + " |")
         sizes = [m for m in methods if m.startswith("dartree-adaptive")]
         for method in sizes:
@@ -136,11 +137,23 @@ def _concurrency_lines(rows: list[dict[str, Any]]) -> list[str]:
                       for c in levels if (method, dataset, c) in index]
             lines += ["", f"{label(method)}: draft nodes verified per request-step "
                       f"({', '.join(chosen)})."]
+            shares = [f"C={c}: {index[(method, dataset, c)]['drafted_share']:.0%}"
+                      for c in levels if "drafted_share" in index.get((method, dataset, c), {})]
+            if shares:
+                lines.append(f"Share of request-steps that verified a draft ({', '.join(shares)}).")
             widths = [f"C={c}: {index[(method, dataset, c)]['mean_width']:.1f}"
                       for c in levels if index.get((method, dataset, c), {}).get("mean_width")]
             if widths:
                 lines.append(f"Mean tree width per drafted step ({', '.join(widths)}).")
         lines.append("")
+    cut = [r for r in rows if r.get("cut")]
+    if cut:
+        lines += ["† Cut short: the round stopped sending requests once it could no longer "
+                  "reach half of the best rate measured before it in the cell; the rate is "
+                  "over the requests it completed (" + ", ".join(
+                      f"{DATASET_LABELS.get(r.get('dataset', 'all'), r.get('dataset'))} "
+                      f"C={r['concurrency']} {label(r['method'])}: {r['requests']}"
+                      for r in cut) + ").", ""]
     repeated = [r for r in rows if len(r.get("rounds_tokens_per_s", [])) > 1]
     if repeated:
         rounds = max(len(r["rounds_tokens_per_s"]) for r in repeated)

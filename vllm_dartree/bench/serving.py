@@ -10,20 +10,27 @@ of that dataset's samples, chat template applied here and sent as token ids to
 completion tokens / wall time, speedup = method tokens/s / AR tokens/s at that dataset and C
 (the paper's Table 4). At T = 0 every completion is compared with AR's for the same request
 (``mismatches``); ``drafts_per_step`` is vLLM's draft tokens per verified request-step (the
-adaptive budget's chosen size) and ``mean_width`` the pruned tree's width per drafted step
-(adaptive budget only).
+adaptive budget's chosen size), ``drafted_share`` the share of decode request-steps that
+verified a draft (vLLM's drafts over completion tokens less each request's prefill token and
+the accepted ones) and ``mean_width`` the pruned tree's width per drafted step (adaptive
+budget only).
 
 ``--repeats N`` measures each dataset and C in N rounds, every method once per round, and
 reports each method's median tokens/s (its counters and mismatches summed over its rounds).
 A 20-second cell of a shared 2-core host moved a method by up to 12% between runs, more than
 the margins the adaptive budget is judged by. A method below ``CONTENDER_SHARE`` of the
 cell's best rate in the first round is not measured again: neither it nor a ratio to it can
-be near the best, and the slow fixed trees would otherwise multiply the run's hours.
+be near the best, and the slow fixed trees would otherwise multiply the run's hours. For
+the same reason a method's first round is cut short once it provably cannot reach half of
+the best rate measured before it in the cell (:func:`measure`'s ``floor``): at 1 tok/s one
+cell of a 64-node tree held the machine for half an hour. Its row then reports the requests
+it completed (``cut``).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -41,6 +48,8 @@ COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 WIDTH_METRIC = "vllm_dartree:budget_width"
 # With --repeats: methods under this share of a cell's best first-round rate run once there.
 CONTENDER_SHARE = 0.5
+# A round is not judged for a cut before this many seconds (see CutShort).
+CUT_AFTER_S = 30.0
 
 
 def server_args(config: Any, max_len: int, max_seqs: int, spec: dict[str, Any] | None,
@@ -75,30 +84,82 @@ def spec_counters(base: str) -> dict[str, float]:
                        for part in ("sum", "count")}
 
 
-def measure(base: str, prompts: list[list[int]], concurrency: int, config: Any) -> dict[str, Any]:
+class CutShort:
+    """Whether a round can still reach ``floor`` tokens/s; once it cannot, the requests not
+    yet sent are dropped.
+
+        most(t) = completed tokens + max_new_tokens * requests in flight
+        cut     iff  t >= CUT_AFTER_S  and  at least C requests completed
+                     and  most(t) < floor * t
+
+    most(t) bounds what the server has produced by time t from above, and the tokens still
+    to come from the requests in flight add at most what most(t) already counts, so a cut
+    round's final rate is below ``floor`` too: the cut never drops a method that could
+    have reached it. But a round's rate so far need not be its rate over all requests: the
+    first request at a server can be slow (a tiny model's 24-token round at C = 1 was cut
+    after its first request in a check, at under half of a slower method's rate). So the
+    round is judged only after half a minute and a whole wave of C completions; the slow
+    trees the cut is for take minutes per cell.
+    """
+
+    def __init__(self, floor: float | None, concurrency: int, max_new_tokens: int) -> None:
+        self.floor, self.concurrency, self.max_new_tokens = floor, concurrency, max_new_tokens
+        self.started = time.perf_counter()
+        self.tokens = self.completed = self.in_flight = 0
+        self.cut = False
+        self._lock = threading.Lock()
+
+    def admit(self) -> bool:
+        """Whether the next request may be sent (counted in flight if so)."""
+        with self._lock:
+            elapsed = time.perf_counter() - self.started
+            if (self.floor and not self.cut and self.completed >= self.concurrency
+                    and elapsed >= CUT_AFTER_S):
+                most = self.tokens + self.max_new_tokens * self.in_flight
+                self.cut = most < self.floor * elapsed
+            if self.cut:
+                return False
+            self.in_flight += 1
+            return True
+
+    def done(self, tokens: int) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            self.completed += 1
+            self.tokens += tokens
+
+
+def measure(base: str, prompts: list[list[int]], concurrency: int, config: Any,
+            floor: float | None = None) -> dict[str, Any]:
     """One round of one cell: ``max(2C, #prompts)`` requests from C clients, and what vLLM's
-    counters moved meanwhile."""
+    counters moved meanwhile. With ``floor`` (tokens/s) the round stops sending requests
+    once it cannot reach that rate (:class:`CutShort`); ``requests`` counts those completed
+    and ``texts`` holds None for the ones not sent."""
     count = max(2 * concurrency, len(prompts))
     bodies = [request_body(p, config, i) for i, p in enumerate(islice(cycle(prompts), count))]
+    before = spec_counters(base)
+    gate = CutShort(floor, concurrency, config.max_new_tokens)
 
-    def send(body: dict[str, Any]) -> tuple[int, float, str]:
+    def send(body: dict[str, Any]) -> tuple[int, float, str] | None:
+        if not gate.admit():
+            return None
         started = time.perf_counter()
         answer = http_json(base + "/v1/completions", body, timeout=3600)
-        return (int(answer["usage"]["completion_tokens"]), time.perf_counter() - started,
-                answer["choices"][0]["text"])
+        tokens = int(answer["usage"]["completion_tokens"])
+        gate.done(tokens)
+        return tokens, time.perf_counter() - started, answer["choices"][0]["text"]
 
-    before = spec_counters(base)
-    started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        done = list(pool.map(send, bodies))
-    wall = time.perf_counter() - started
+        answers = list(pool.map(send, bodies))
+    wall = time.perf_counter() - gate.started
     after = spec_counters(base)
+    done = [a for a in answers if a is not None]
     tokens = sum(n for n, _, _ in done)
-    return {"concurrency": concurrency, "requests": count, "completion_tokens": tokens,
+    return {"concurrency": concurrency, "requests": len(done), "completion_tokens": tokens,
             "wall_s": round(wall, 3), "tokens_per_s": tokens / wall if wall else None,
-            "mean_latency_s": sum(t for _, t, _ in done) / len(done),
+            "mean_latency_s": sum(t for _, t, _ in done) / len(done), "cut": gate.cut,
             "moved": {name: after[name] - before[name] for name in after},
-            "texts": [text for _, _, text in done]}
+            "texts": [None if a is None else a[2] for a in answers]}
 
 
 def combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -108,22 +169,32 @@ def combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     median = sorted(rounds, key=lambda r: r["tokens_per_s"] or 0.0)[(len(rounds) - 1) // 2]
     moved = {name: sum(r["moved"][name] for r in rounds) for name in rounds[0]["moved"]}
     drafts, width_steps = moved["num_drafts"], moved["width_count"]
+    decode_steps = sum(r["completion_tokens"] - r["requests"] for r in rounds) - moved[
+        "num_accepted_tokens"]
     return {"concurrency": rounds[0]["concurrency"], "requests": rounds[0]["requests"],
             "completion_tokens": rounds[0]["completion_tokens"],
+            "cut": any(r.get("cut", False) for r in rounds),
             "wall_s": median["wall_s"], "tokens_per_s": median["tokens_per_s"],
             "rounds_tokens_per_s": [r["tokens_per_s"] for r in rounds],
             "mean_latency_s": median["mean_latency_s"],
             "tau_vllm": 1 + moved["num_accepted_tokens"] / drafts if drafts else None,
             "drafts_per_step": moved["num_draft_tokens"] / drafts if drafts else 0.0,
+            "drafted_share": drafts / decode_steps if decode_steps > 0 else 0.0,
             "mean_width": moved["width_sum"] / width_steps if width_steps else None,
             "texts": [r["texts"] for r in rounds]}
 
 
 def measure_cell(bases: dict[str, str], prompts: list[list[int]], concurrency: int,
                  config: Any) -> dict[str, dict[str, Any]]:
-    """Every method's row at one dataset and C, over ``config.repeats`` interleaved rounds."""
-    rounds = {method: [measure(base, prompts, concurrency, config)]
-              for method, base in bases.items()}
+    """Every method's row at one dataset and C, over ``config.repeats`` interleaved rounds.
+    With more than one round, a first round is cut short where it cannot reach
+    ``CONTENDER_SHARE`` of the best rate measured before it (it would not be measured again
+    anyway)."""
+    rounds: dict[str, list[dict[str, Any]]] = {}
+    for method, base in bases.items():
+        best = max((r[0]["tokens_per_s"] or 0.0 for r in rounds.values()), default=0.0)
+        floor = CONTENDER_SHARE * best if config.repeats > 1 and best else None
+        rounds[method] = [measure(base, prompts, concurrency, config, floor)]
     again = contenders({m: r[0]["tokens_per_s"] for m, r in rounds.items()})
     for _ in range(config.repeats - 1):
         for method in again:
@@ -182,8 +253,10 @@ def compare_with_ar(rows: list[dict[str, Any]], greedy: bool) -> None:
         speed = base and base["tokens_per_s"]
         row["speedup"] = row["tokens_per_s"] / speed if speed and row["tokens_per_s"] else None
         rounds = row["texts"][1:] if row is base else row["texts"]
-        row["mismatches"] = (None if base is None or not greedy else sum(
-            a != b for texts in rounds for a, b in zip(texts, base["texts"][0])))
-        row["checked"] = len(rounds) * row["requests"]
+        pairs = [(a, b) for texts in rounds for a, b in zip(texts, base["texts"][0])
+                 if a is not None and b is not None] if base else []
+        row["mismatches"] = None if base is None or not greedy else sum(a != b for a, b in pairs)
+        row["checked"] = len(pairs) if base else sum(
+            t is not None for texts in rounds for t in texts)
     for row in rows:
         row.pop("texts")
