@@ -185,6 +185,7 @@ def test_repeated_serving_rounds_report_the_median_and_check_every_round():
     assert (rows[1]["mismatches"], rows[1]["checked"]) == (1, 6)
     text = "\n".join(_concurrency_lines(rows))
     assert "Median of 3 interleaved rounds" in text and "9.0, 11.0, 13.0" in text
+    assert "a method under 50% of a cell's best rate in the first round" in text
     assert "verified a draft (C=2: 22%)" in text
     assert "2 of 10 served completions differ" in text
 

@@ -1,6 +1,6 @@
 """Serving rounds of a method that cannot contend are cut short: against a fake server
-whose two methods differ 10x in speed, the slow one's first round stops after one wave and
-is not measured again, and its row says so."""
+whose two methods differ 10x in speed, the slow one's first round stops at its first
+completion and is not measured again, and its row says so."""
 
 from __future__ import annotations
 
@@ -49,9 +49,10 @@ def test_a_round_is_cut_only_where_it_cannot_reach_the_floor(fake_server):
     assert cut["cut"] and cut["requests"] == 1 and cut["completion_tokens"] == TOKENS
     assert cut["texts"][0] == "completion of [0]" and cut["texts"][1:] == [None] * 7
     assert cut["tokens_per_s"] < 200.0
-    # Two clients: the first wave (two requests) completes before the round can be judged.
-    wave = serving.measure("slow", PROMPTS, 2, config(2), floor=200.0)
-    assert wave["cut"] and wave["requests"] in (2, 3)
+    # Four clients: judged at the first completion, before any client sends a second
+    # request, so only the first wave is sent (waiting for four completions sent seven).
+    wave = serving.measure("slow", PROMPTS, 4, config(2), floor=200.0)
+    assert wave["cut"] and wave["requests"] == 4 and wave["texts"][4:] == [None] * 4
 
 
 def test_only_a_slow_method_of_a_repeated_cell_is_cut(fake_server):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_dartree.bench.methods import METHODS, label, uses_dspark_drafter
+from vllm_dartree.bench.serving import CONTENDER_SHARE
 
 DATASET_LABELS = {"gsm8k": "GSM8K", "math500": "MATH-500", "aime25": "AIME25",
                   "humaneval": "HumanEval", "mbpp": "MBPP", "mt-bench": "MT-Bench",
@@ -149,8 +150,8 @@ def _concurrency_lines(rows: list[dict[str, Any]]) -> list[str]:
     cut = [r for r in rows if r.get("cut")]
     if cut:
         lines += ["† Cut short: the round stopped sending requests once it could no longer "
-                  "reach half of the best rate measured before it in the cell; the rate is "
-                  "over the requests it completed (" + ", ".join(
+                  f"reach {CONTENDER_SHARE:.0%} of the best rate measured before it in the "
+                  "cell; the rate is over the requests it completed (" + ", ".join(
                       f"{DATASET_LABELS.get(r.get('dataset', 'all'), r.get('dataset'))} "
                       f"C={r['concurrency']} {label(r['method'])}: {r['requests']}"
                       for r in cut) + ").", ""]
@@ -158,8 +159,8 @@ def _concurrency_lines(rows: list[dict[str, Any]]) -> list[str]:
     if repeated:
         rounds = max(len(r["rounds_tokens_per_s"]) for r in repeated)
         lines += [f"Median of {rounds} interleaved rounds per method and cell; a method under "
-                  "half of a cell's best rate in the first round was measured once there. "
-                  "Every round's tok/s:", ""]
+                  f"{CONTENDER_SHARE:.0%} of a cell's best rate in the first round was measured "
+                  "once there. Every round's tok/s:", ""]
         for r in repeated:
             rates = ", ".join(f"{x:.1f}" for x in r["rounds_tokens_per_s"])
             lines.append(f"- {DATASET_LABELS.get(r.get('dataset', 'all'), r.get('dataset'))} "
