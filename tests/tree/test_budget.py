@@ -429,11 +429,13 @@ def test_measured_rates_need_both_kinds_of_step_before_a_verdict():
     assert rates.verdict(4) is None  # no plain step yet
     rates.observe(False, 4, tokens=4.0, ms=40.0)
     assert rates.verdict(4) is True  # 0.107 tokens/ms drafting against 0.1 plain
+    assert not rates.vetoed(4)
     assert rates.verdict(2) is None  # another batch size: nothing measured
     rates.observe(False, 4, tokens=4.0, ms=20.0)  # plain got faster: 6 tokens in 40 ms
     assert rates.verdict(4) is False
     rates.forget_drafting(4)
     assert rates.verdict(4) is None and rates.rate(False, 4) is not None
+    assert rates.vetoed(4) and not rates.vetoed(2)  # the verdict outlives the drafted sums
 
 
 def test_steps_are_sorted_into_drafting_plain_and_neither():

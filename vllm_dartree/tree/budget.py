@@ -332,6 +332,10 @@ attention set-up, acceptance, KV compaction).
         return (t_step + t_req * requests + draft + t_row * (requests + nodes)
                 + t_tree * (nodes > 0))
 
+    def plain_ms(self, requests: int) -> float:
+        """Predicted ms of a plain decoding step: no node verified, no drafting."""
+        return float(self.predict(requests, 0, drafting=False))
+
     def observe(self, requests: int, rows: int, nodes: int, ms: float, drafted: bool,
                 draft_ms: float) -> bool:
         """One step: ``rows`` computed, ``nodes`` of them tree nodes; its wall time ``ms``,
@@ -417,13 +421,16 @@ class MeasuredRates:
     out (their time is mostly the prefill). The cost model predicts what a step would cost;
     these say what steps did cost, so :class:`AdaptiveBudget` stops drafting when its trees
     delivered fewer tokens per ms than plain decoding at the same batch size, whatever the
-    model predicts (``verdict``).
+    model predicts (``verdict``). A verdict against drafting holds at that batch size
+    (``vetoed``) until a later one says drafting paid, even while the drafted sums it came
+    from are measured afresh.
     """
 
     def __init__(self, decay: float = 0.9, min_on: int = 8, min_off: int = 2) -> None:
         self.decay = decay
         self.min_on, self.min_off = min_on, min_off
         self._sums: dict[tuple[bool, int], list[float]] = {}  # (on, R) -> [tokens, ms, n]
+        self._paid: dict[int, bool] = {}  # R -> the last verdict
 
     def observe(self, drafting: bool, requests: int, tokens: float, ms: float) -> None:
         tokens_sum, ms_sum, count = self._sums.get((drafting, requests), (0.0, 0.0, 0))
@@ -439,7 +446,14 @@ class MeasuredRates:
     def verdict(self, requests: int) -> bool | None:
         """Whether drafting paid at ``requests`` (None: not measured both ways yet)."""
         on, off = self.rate(True, requests), self.rate(False, requests)
-        return None if on is None or off is None else on >= off
+        if on is None or off is None:
+            return None
+        self._paid[requests] = on >= off
+        return self._paid[requests]
+
+    def vetoed(self, requests: int) -> bool:
+        """Whether the last verdict at ``requests`` was against drafting."""
+        return not self._paid.get(requests, True)
 
     def needs_plain(self, requests: int) -> bool:
         """Whether plain decoding at ``requests`` has fewer than three probes' samples."""
@@ -504,7 +518,6 @@ class AdaptiveBudget:
         self._rate: float | None = None  # smoothed predicted tokens/ms of drafted steps
         self._backoff = off_steps
         self._stopped_at = 0  # batch size when drafting last stopped
-        self._vetoed: dict[int, bool] = {}  # R -> the last measured verdict was against
         self._recent_curves: deque[np.ndarray] = deque(maxlen=64)  # drafted steps' G_k
         self._last_tree = (0.0, 0.0)  # gain (tokens beyond R) and nodes per request, then
         self._promised = torch.zeros((), device=device)  # EW sums: tokens beyond R that
@@ -524,7 +537,7 @@ class AdaptiveBudget:
         """Whether this step, with ``requests`` in its batch, should draft trees for the next
         (rank 0 decides under TP)."""
         if (self._off_left > 0 and requests < self._stopped_at
-                and not self._vetoed.get(requests, False) and self._pays_at(requests)):
+                and not self.measured.vetoed(requests) and self._pays_at(requests)):
             self._off_left = 0  # the load dropped: probe now (the back-off keeps growing)
         if self._off_left == 0 and self._backoff < self.max_off_steps and not self._could_pay(
                 requests):
@@ -551,7 +564,7 @@ class AdaptiveBudget:
              self._recent_curves], axis=0))
         per_request = torch.arange(1, size + 1, dtype=torch.float64)
         tree_ms = self.cost.predict(requests, per_request * requests)
-        plain_ms = float(self.cost.predict(requests, 0, drafting=False))
+        plain_ms = self.cost.plain_ms(requests)
         if plain_ms <= 0 or bool((tree_ms <= 0).any()):
             return True
         return bool(((1 + gains) / tree_ms >= 1 / plain_ms).any())
@@ -560,7 +573,7 @@ class AdaptiveBudget:
         """Whether the last tree seen, per request, would pay with ``requests`` in a step."""
         gain, nodes = self._last_tree
         tree_ms = float(self.cost.predict(requests, round(nodes * requests)))
-        plain_ms = float(self.cost.predict(requests, 0, drafting=False))
+        plain_ms = self.cost.plain_ms(requests)
         return plain_ms > 0 and (1 + gain) / tree_ms >= self.required_gain / plain_ms
 
     def record_drafting(self, drafted: bool, ms: float, set_aside_ms: float = 0.0) -> None:
@@ -582,7 +595,7 @@ class AdaptiveBudget:
             self._off_left = int(self.steps % 5 == 0)  # start-up: sample a step without
             return
         tree_ms = float(self.cost.predict(requests, nodes))
-        plain_ms = float(self.cost.predict(requests, 0, drafting=False))
+        plain_ms = self.cost.plain_ms(requests)
         if min(tree_ms, plain_ms) <= 0:
             return
         gain = self.gain_scale * (expected - requests)
@@ -593,10 +606,8 @@ class AdaptiveBudget:
         self._rate = rate if fresh else (
             self.rate_smoothing * self._rate + (1 - self.rate_smoothing) * rate)
         measured = self.measured.verdict(requests)
-        if measured is not None:
-            self._vetoed[requests] = not measured
         if self._rate >= self.required_gain * requests / plain_ms and measured is not False:
-            if not self._vetoed.get(requests, False):
+            if not self.measured.vetoed(requests):
                 self._backoff = self.off_steps
             if (self.plain_every and self.steps % self.plain_every == 0
                     and self.measured.needs_plain(requests)):
