@@ -444,7 +444,8 @@ class MeasuredRates:
         return tokens / ms if enough and ms > 0 else None
 
     def verdict(self, requests: int) -> bool | None:
-        """Whether drafting paid at ``requests`` (None: not measured both ways yet)."""
+        """Whether drafting paid at ``requests`` (None: not measured both ways yet); a
+        verdict is remembered for :meth:`vetoed`."""
         on, off = self.rate(True, requests), self.rate(False, requests)
         if on is None or off is None:
             return None
