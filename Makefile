@@ -20,8 +20,12 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(VENV)/bin/vllm-dartree demo
 
+# The V2 suite (tests/v2) runs vLLM's V2 model runner, whose kernels need Triton: a pytest
+# process of its own with a test-only stand-in Triton CPU backend (tests/v2/site) in every
+# process, kernels in Triton's interpreter (correctness only, slow).
 test: setup
 	$(PY) -m pytest -q
+	VLLM_USE_V2_MODEL_RUNNER=1 PYTHONPATH=tests/v2/site $(PY) -m pytest -q tests/v2
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -6,7 +6,12 @@ from vllm_dartree.harness.engine import prepare_process
 
 prepare_process()  # before anything imports vLLM
 
+import os  # noqa: E402
+
 import pytest  # noqa: E402
+
+# tests/v2 runs in a pytest process of its own, on vLLM's V2 runner (see the Makefile).
+collect_ignore = [] if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1" else ["v2"]
 
 from vllm_dartree.harness.engine import EngineCache  # noqa: E402
 from vllm_dartree.models import tiny as tiny_models  # noqa: E402

@@ -121,32 +121,25 @@ def test_the_adaptive_budget_schedules_synchronously(tmp_path, tiny_domino):
     assert config.speculative_config.dartree.adaptive
 
 
-def test_settings_that_need_the_v2_runner_are_refused(tmp_path, tiny_domino, monkeypatch):
+def test_watermarking_is_refused(tmp_path, tiny_domino):
     model = config_only_target(tmp_path, "v2")
-    refused(r"'watermark_config' is set", model, tiny_domino,
-            watermark_config={"algorithm": "gumbel"})
-    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    refused(r"VLLM_USE_V2_MODEL_RUNNER=1", model, tiny_domino)
+    refused(r"'watermark_config' is set: watermarking biases each draft position", model,
+            tiny_domino, watermark_config={"algorithm": "gumbel"})
 
 
-def test_the_v1_switch_is_scoped_to_dartree_engines(tmp_path, tiny_domino):
-    """Only a dartree VllmConfig is forced onto V1; any other keeps vLLM's own choice (here:
-    watermarking selects V2), and a V2-only setting in a dartree one is refused."""
+def test_a_dartree_engine_keeps_vllms_runner_choice(tmp_path, tiny_domino, monkeypatch):
+    """No runner is forced: vLLM's V1/V2 choice stands for dartree engines (V2 when asked)."""
     from vllm.config.vllm import VllmConfig
 
-    engine_config(config_only_target(tmp_path, "scope"), tiny_domino)  # activates
-    choose = VllmConfig.use_v2_model_runner.fget
-    no_features = SimpleNamespace(hisparse_config=None)
-    other = SimpleNamespace(speculative_config=None, attention_config=no_features,
-                            watermark_config=object())
-    assert choose(other) is True
-    dartree = SimpleNamespace(dartree=object())
-    assert choose(SimpleNamespace(speculative_config=dartree, attention_config=no_features,
-                                  watermark_config=None)) is False
-    hisparse = SimpleNamespace(speculative_config=dartree, watermark_config=None,
-                               attention_config=SimpleNamespace(hisparse_config=object()))
-    with pytest.raises(DARTreeConfigError, match="hisparse_config is set"):
-        choose(hisparse)
+    from vllm_dartree.integration.activation import dartree_touchpoints
+
+    config = engine_config(config_only_target(tmp_path, "scope"), tiny_domino)
+    assert not any(t.target == "vllm.config.vllm:VllmConfig"
+                   and getattr(t, "attribute", None) == "use_v2_model_runner"
+                   for t in dartree_touchpoints() if hasattr(t, "target"))
+    assert config.use_v2_model_runner is False  # no Triton CPU backend: vLLM picks V1
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    assert VllmConfig.use_v2_model_runner.fget(config) is True
 
 
 def test_layers_with_sinks_or_windows_are_refused_in_dartree_engines_only(monkeypatch):

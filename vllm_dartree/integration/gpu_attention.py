@@ -37,7 +37,7 @@ from vllm.v1.attention.backends.triton_attn import (
 from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
 from vllm_dartree.integration.refusals import refuse_layer
-from vllm_dartree.integration.tree_context import active_plan, step_cached
+from vllm_dartree.integration.tree_context import plan_for, step_cached
 from vllm_dartree.integration.verify_plan import AcceptedPaths, VerifyPlan, compaction_pairs
 from vllm_dartree.kernels.kv_compaction import cache_pointer_table, copy_kv_slots
 from vllm_dartree.kernels.tree_attention import tree_attention
@@ -98,7 +98,7 @@ class TreeTritonAttentionImpl(TritonAttentionImpl):
                 output_scale=None, output_block_scale=None):
         output = super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                  output_scale, output_block_scale)
-        plan = active_plan()
+        plan = plan_for(attn_metadata)
         if (plan is None or attn_metadata is None or plan.chains  # causal is exact for chains
                 or getattr(layer, "is_draft_layer", False)):
             return output

@@ -4,8 +4,8 @@ vLLM's V1 runner builds this proposer in place of its ``DFlashProposer`` for a d
 (``runner.ProposerSwap``). It subclasses ``DFlashProposer``, so vLLM's own ``isinstance``
 checks and DFlash plumbing (aux hidden states, drafter KV, padded batches) apply unchanged;
 what differs is the query width (the checkpoint's block cut to the depths a tree of B
-nodes can reach, not B itself) and what
-happens to the drafter's outputs: they become trees, handed to the engine's
+nodes can reach, not B itself) and what happens to the drafter's outputs: they become trees
+(``drafting.TreeDrafting``, shared with the V2 speculator), handed to the engine's
 :class:`~vllm_dartree.integration.step.TreeStep` for the next step's verification.
 Acceptance is not here (``verifier.py``).
 
@@ -25,15 +25,11 @@ from vllm.v1.spec_decode.dflash import DFlashProposer
 from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 
 from vllm_dartree.checkpoint import DrafterLayout
-from vllm_dartree.config import LAYOUT_ATTR, SETTINGS_ATTR, DARTreeConfig
-from vllm_dartree.integration.budget_report import BudgetReport
+from vllm_dartree.config import LAYOUT_ATTR
+from vllm_dartree.integration.drafting import TreeDrafting
 from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.step import TreeStep
 from vllm_dartree.integration.verify_plan import needs_chain_verification
-from vllm_dartree.tree import DraftTree, build_tree, depth_first
-from vllm_dartree.tree.budget import AdaptiveBudget, AutoWidth, depth_leaders, with_confidence
-from vllm_dartree.tree.build import capture_all_shapes
-from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size
 
 
 def same_on_every_rank(decision: bool) -> bool:
@@ -91,12 +87,7 @@ class PendingContext:
         return states[keep], positions[keep], slots[keep]
 
 
-def dartree_settings(vllm_config) -> DARTreeConfig | None:
-    spec = getattr(vllm_config, "speculative_config", None)
-    return getattr(spec, SETTINGS_ATTR, None)
-
-
-class DARTreeProposer(DFlashProposer):
+class DARTreeProposer(DFlashProposer, TreeDrafting):
     """DFlash/Domino/DSpark drafter + DARTree (or chain/fixed/DDTree) tree building."""
 
     def __init__(self, vllm_config, device, runner=None):
@@ -111,74 +102,14 @@ class DARTreeProposer(DFlashProposer):
         finally:
             object.__setattr__(spec, "num_speculative_tokens", budget)
         self.target_runner = runner
-        self.settings: DARTreeConfig = dartree_settings(vllm_config)
-        self.budget = self.settings.budget
-        self.layout: DrafterLayout = layout
-        self.use_correction = (self.layout.has_head if self.settings.correction is None
-                               else self.settings.correction)
+        self.init_tree_drafting(vllm_config, device)
         self.tree_step: TreeStep | None = None  # the engine's step, set by runner.ProposerSwap
-        self.head = None
-        self.graphs: CorrectionGraphs | None = None
-        # The adaptive budget: the proposer asks it which nodes to hand over, the step tells
-        # it what each step cost and what was accepted.
-        # ``width: "auto"`` (adaptive only): the step feeds it the scheduled counts through
-        # the budget policy; the tree builder reads its width here.
-        self.auto_width = (AutoWidth(self.settings.max_width, self.budget, self.tree_depths)
-                           if self.settings.auto_width else None)
-        self.budget_policy = (AdaptiveBudget(self.tree_depths, device,
-                                             auto_width=self.auto_width)
-                              if self.settings.adaptive else None)
-        self.budget_report = BudgetReport() if self.settings.adaptive else None
         self.pending_context = PendingContext(
             vllm_config.scheduler_config.max_num_batched_tokens)
 
     def load_model(self, target_model) -> None:
         super().load_model(target_model)
-        if self.use_correction:
-            self.head = self.model.correction_head()
-        self.graphs = self._correction_graphs()
-
-    def _correction_graphs(self) -> CorrectionGraphs | None:
-        """CUDA graphs of the per-depth head calls, every shape captured now (at load, not
-        mid-serving), unless the engine runs eagerly. On a CPU there are no launches to
-        save, and padding would only add rows."""
-        if self.head is None or self.head.device.type != "cuda":
-            return None
-        if self.vllm_config.model_config.enforce_eager:
-            return None
-        max_requests = self.vllm_config.scheduler_config.max_num_seqs
-        graphs = CorrectionGraphs(self.head, capture=True, max_bucket=bucket_size(max_requests))
-        variants = {self.settings.tree, "chain"}  # chain: batches verified as chains
-        widths = self.auto_width.widths if self.auto_width else [self.settings.max_width]
-        for width in widths:
-            capture_all_shapes(graphs, variants, max_requests, self.tree_depths,
-                               self.budget, self.top_k, width)
-        return graphs
-
-    @property
-    def tree_depths(self) -> int:
-        """Depths a tree can use: the drafter's, capped at the budget."""
-        return min(self.layout.num_depths, self.budget)
-
-    @property
-    def query_slots(self) -> int:
-        """Mask slots queried after the root: the block's, cut to the depths a tree can use.
-
-        With B below the drafter's depths the slots past depth B were computed and dropped.
-        The block attends bidirectionally, so the cut moves the kept slots' hidden states a
-        little: SmolLM2 pair at B = 6, tau 2.18 -> 2.25 on GSM8K, 2.14 -> 2.14 on MATH-500,
-        drafter forward 10.1 -> 7.7 ms."""
-        needed = self.tree_depths if self.layout.shift_label else self.tree_depths + 1
-        return min(self.layout.block_size, needed) - 1
-
-    @property
-    def tree_width(self) -> int:
-        """W of this step's pruned tree: the configured width, or the auto width's choice."""
-        return self.auto_width.width if self.auto_width else self.settings.max_width
-
-    @property
-    def top_k(self) -> int:
-        return min(self.settings.top_k, self.vllm_config.model_config.get_vocab_size())
+        self.load_tree_head()
 
     def propose(self, num_speculative_tokens, target_token_ids, target_positions,
                 target_hidden_states, next_token_ids, token_indices_to_sample,
@@ -201,53 +132,25 @@ class DARTreeProposer(DFlashProposer):
             depth_hidden = self._draft_block(
                 target_token_ids, target_positions, target_hidden_states, next_token_ids,
                 common_attn_metadata, num_rejected_tokens_gpu)
-        # A tree of B nodes reaches depth B at most (each node needs its ancestors), so
-        # depths past B cannot change any variant's tree: skip their logits and candidates.
-        depth_hidden = depth_hidden[:, : self.tree_depths]
-        num_reqs, depths, hidden = depth_hidden.shape
-        with StepProfile.phase("drafter_logits", self.device):
-            base_logits, vocab_ids = self.model.draft_logits(
-                depth_hidden.reshape(-1, hidden), min_columns=max(self.top_k, self.budget))
-            base_logits = base_logits.view(num_reqs, depths, -1).float()
+        depth_hidden = self.depth_hidden_of(depth_hidden)
         runner = self.target_runner
-        req_ids = runner.input_batch.req_ids[:num_reqs]
+        req_ids = runner.input_batch.req_ids[: depth_hidden.shape[0]]
         # A batch vLLM verifies as a chain gets the drafter's best chain.
         chain = any(needs_chain_verification(getattr(runner.requests.get(r), "sampling_params",
                                                      None)) for r in req_ids)
-        settings = self.settings
-        variant = "chain" if chain else settings.tree
-        width = self.tree_width
-        with StepProfile.phase("tree_build", self.device):
-            tree = build_tree(
-                variant, base_logits, depth_hidden.float(),
-                next_token_ids.to(torch.int64), self.head, budget=self.budget,
-                top_k=self.top_k, width=width,
-                depth_bonus=settings.effective_depth_bonus, graphs=self.graphs,
-                vocab_ids=vocab_ids,
-            )
-            if variant != "chain" and self.budget_policy is None:
-                tree = depth_first(tree)  # verified depth-first: see tree.depth_first
+        tree = self.build_trees(depth_hidden, next_token_ids, chain)
+        chains = chain or self.settings.tree == "chain"
         if self.budget_policy is None:
-            self.tree_step.hand_over(list(req_ids), tree, chains=variant == "chain")
+            self.tree_step.hand_over(list(req_ids), tree, chains=chains)
             return tree.tokens
-        tree = self._with_chain_confidence(tree, depth_hidden, next_token_ids)
+        tree = self.with_chain_confidence(tree, depth_hidden, next_token_ids)
         choice = self.budget_policy.choose(tree)
-        self.budget_report.record(choice, self.budget_policy, width)
-        self.tree_step.hand_over(list(req_ids), choice.tree, chains=variant == "chain")
+        self.budget_report.record(choice, self.budget_policy, self.tree_width)
+        self.tree_step.hand_over(list(req_ids), choice.tree, chains=chains)
         tokens = choice.tree.tokens.tolist()
         self.budget_policy.record_drafting(True, (time.perf_counter() - started) * 1e3,
                                            set_aside_ms=written_ms)
         return [row[:count] for row, count in zip(tokens, choice.counts)]
-
-    def _with_chain_confidence(self, tree: DraftTree, depth_hidden: torch.Tensor,
-                               root_tokens: torch.Tensor) -> DraftTree:
-        """With a DSpark confidence head: the tree's acceptance estimate (its scores) moved
-        to the head's chain survival (``tree.budget.with_confidence``)."""
-        if not getattr(self.model, "has_confidence_head", False):
-            return tree
-        leaders, _ = depth_leaders(tree, depth_hidden.shape[1])
-        previous = torch.cat([root_tokens.view(-1, 1).to(leaders.dtype), leaders[:, :-1]], 1)
-        return with_confidence(tree, self.model.chain_confidence(depth_hidden, previous))
 
     def _drafts_this_step(self, num_requests: int) -> bool:
         """The adaptive budget's call (always True without it); every tensor-parallel rank
@@ -302,7 +205,7 @@ class DARTreeProposer(DFlashProposer):
         return (time.perf_counter() - started) * 1e3
 
     def _draft_block(self, *step_inputs) -> torch.Tensor:
-        """One drafter forward over [root, mask x (block-1)]: hidden state per depth [R, D, H]."""
+        """One drafter forward over [root, mask x query_slots]: its outputs [R, 1+slots, H]."""
         num_tokens, draft_cad = self._lay_out(*step_inputs, mask_slots=self.query_slots)
         draft_cad = self._fit_queries(num_tokens, draft_cad)
         _, per_layer = self.build_per_group_and_layer_attn_metadata(draft_cad)
@@ -315,10 +218,7 @@ class DARTreeProposer(DFlashProposer):
         ):
             out = self.model(**kwargs)
         block = 1 + self.num_speculative_tokens
-        out = out[:num_tokens].view(-1, block, out.shape[-1])
-        # Shift layout: slot j predicts position root+j+1 (16 depths for b16); non-shift
-        # (z-lab): slot j >= 1 predicts its own position (15 depths).
-        return out if self.layout.shift_label else out[:, 1:]
+        return out[:num_tokens].view(-1, block, out.shape[-1])
 
     def _fit_queries(self, num_tokens: int, cad):
         """The query block of a request near ``max_model_len``, cut at the model length:

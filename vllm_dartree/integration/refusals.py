@@ -9,7 +9,6 @@ sharing. Every message names the setting, its value and what is supported.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from vllm_dartree.config import DARTreeConfig, DARTreeConfigError
@@ -93,29 +92,13 @@ def setup_problems(config: DARTreeConfig, engine_args: Any, model_config: Any,
 
 
 def runner_problems(engine_args: Any) -> list[str]:
-    """Settings that route an engine to vLLM's V2 model runner, which dartree does not hook."""
+    """Settings of vLLM's V2 runner that a tree step cannot honour."""
     problems = []
-    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("1", "true"):
-        problems.append("environment VLLM_USE_V2_MODEL_RUNNER=1 selects vLLM's V2 model "
-                        "runner; dartree runs on the V1 runner (unset it or set 0)")
     if getattr(engine_args, "watermark_config", None) is not None:
-        problems.append("engine key 'watermark_config' is set: watermarking needs vLLM's V2 "
-                        "model runner, and dartree runs on the V1 runner (supported: unset)")
+        problems.append("engine key 'watermark_config' is set: watermarking biases each "
+                        "draft position's sampling, which dartree's tree verification does "
+                        "not apply (supported: unset)")
     return problems
-
-
-def v2_runner_problem(vllm_config: Any) -> str | None:
-    """Why a dartree VllmConfig would need the V2 runner (its V1/V2 choice), or None."""
-    if getattr(vllm_config.attention_config, "hisparse_config", None) is not None:
-        return ("attention_config.hisparse_config is set: HiSparse needs vLLM's V2 model "
-                "runner, and dartree runs on the V1 runner (supported: unset)")
-    if getattr(vllm_config, "watermark_config", None) is not None:
-        return ("watermark_config is set: watermarking needs vLLM's V2 model runner, and "
-                "dartree runs on the V1 runner (supported: unset)")
-    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("1", "true"):
-        return ("environment VLLM_USE_V2_MODEL_RUNNER=1 selects vLLM's V2 model runner; "
-                "dartree runs on the V1 runner (unset it or set 0)")
-    return None
 
 
 def unsupported_layer_features(impl: Any) -> list[str]:

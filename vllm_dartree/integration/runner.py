@@ -10,12 +10,13 @@ metadata, forward context, sampler output) into the step's plain arguments and b
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import torch
 
+from vllm_dartree.integration.drafting import dartree_settings
+from vllm_dartree.integration.kv_mover import kv_mover
 from vllm_dartree.integration.patching import ModuleGlobalSwap, VllmPatch
-from vllm_dartree.integration.proposer import DARTreeProposer, dartree_settings
+from vllm_dartree.integration.proposer import DARTreeProposer
 from vllm_dartree.integration.step import TreeStep
 from vllm_dartree.integration.verifier import TreeVerifier
 from vllm_dartree.integration.verify_plan import needs_chain_verification
@@ -50,7 +51,7 @@ class ProposerSwap(VllmPatch):
                 return original(self, vllm_config, *args, **kwargs)
             with DFlashProposerGlobal.swapped(DARTreeProposer):
                 original(self, vllm_config, *args, **kwargs)
-            step = TreeStep(self.drafter.budget, self.device, TreeVerifier(), kv_mover(self),
+            step = TreeStep(self.drafter.budget, self.device, TreeVerifier(), kv_mover(self.device),
                             budget_policy=self.drafter.budget_policy)
             setattr(self, STEP_ATTR, step)
             self.drafter.tree_step = step
@@ -123,18 +124,6 @@ def target_kv_caches(runner) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
             kv_cache = kv_cache[0]
         found.append((kv_cache, getattr(layer, "isa", ""), metadata.slot_mapping))
     return found
-
-
-def kv_mover(runner) -> Any:
-    """The KV compaction of this platform's page layout: a Triton kernel per layer group on
-    CUDA, vLLM's packed CPU layout element by element otherwise."""
-    if torch.device(runner.device).type == "cuda":
-        from vllm_dartree.integration.gpu_attention import GpuKvMover
-
-        return GpuKvMover()
-    from vllm_dartree.integration.cpu_attention import move_accepted_kv
-
-    return move_accepted_kv
 
 
 class TreeSampler(VllmPatch):

@@ -135,31 +135,55 @@ class TreeStep:
             positions[plan.node_rows] = sequential
             self._forward_end = StepProfile.stamp(self.device)  # the target's logits follow
 
+    def verify_forward(self, kv_caches: Any) -> VerifyPlan | None:
+        """V2: the target forward about to run verifies this step's plan (None: it runs as
+        vLLM plans it); ``kv_caches`` are its target layers' KV, for compaction. Depth
+        positions and the plan's hand-over to the attention backends are the V2 model
+        state's (it owns the positions buffer its forward reads)."""
+        if self._plan is not None:
+            self._kv_caches = kv_caches
+        return self._plan
+
     # ---- phase 3: accept and compact, in place of vLLM's sampler ------------------------
     def accept(self, logits: torch.Tensor, sampling: Any, max_spec_len: int
                ) -> torch.Tensor | None:
-        """Sampled token ids [R, max_spec_len + 1] of a tree step (vLLM's sampler contract),
-        or None when this step has no plan (vLLM's own sampler runs)."""
+        """V1: sampled token ids [R, max_spec_len + 1] of a tree step (vLLM's sampler
+        contract), or None when this step has no plan (vLLM's own sampler runs)."""
+        accepted = self.accept_with(
+            lambda plan: self.verifier.target_choice(logits, plan, sampling), max_spec_len + 1)
+        return None if accepted is None else accepted[0]
+
+    def accept_with(self, choose: Callable[[VerifyPlan], torch.Tensor], columns: int
+                    ) -> tuple[torch.Tensor, AcceptedPaths] | None:
+        """(sampled token ids [R, columns], accepted paths) of a tree step, ``choose(plan)``
+        being the target's token at every logits row; None without a plan."""
         plan, self._plan = self._plan, None
         kv_caches, self._kv_caches = self._kv_caches, None
         if plan is None:
             return None
         StepProfile.since("target_logits", self._forward_end, self.device)
         self._forward_end = None
-        sampled, self._accepted = self.verifier.verify(
-            plan, logits, sampling, max_spec_len, lambda paths: self.move_kv(paths, kv_caches))
+        with StepProfile.phase("accept", self.device):
+            choice = choose(plan)
+        sampled, self._accepted = self.verifier.accept(
+            plan, choice, columns, lambda paths: self.move_kv(paths, kv_caches))
         if self.budget_policy is not None and plan.step - 1 == self._proposed_in:
             self.budget_policy.observe_acceptance(plan.tree, self._accepted.num_accepted)
-        return sampled
+        return sampled, self._accepted
 
     # ---- phase 4: the drafter's next context --------------------------------------------
     def draft_context(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The target's hidden states with each accepted path's rows first, in path order
         (what the drafter conditions on); unchanged after a step without a tree."""
+        order = self.accepted_order(hidden_states.shape[0])
+        return hidden_states if order is None else hidden_states[order]
+
+    def accepted_order(self, num_rows: int) -> torch.Tensor | None:
+        """The permutation of the step's ``num_rows`` token rows that puts each accepted
+        path first (``verify_plan.accepted_row_order``); None after a step without a tree.
+        Consumed: the drafter's context is built once per step."""
         accepted, self._accepted = self._accepted, None
-        if accepted is None:
-            return hidden_states
-        return hidden_states[accepted_row_order(accepted, hidden_states.shape[0])]
+        return None if accepted is None else accepted_row_order(accepted, num_rows)
 
     def hand_over(self, req_ids: list[str], tree: DraftTree, chains: bool = False) -> None:
         """The drafter's trees (row r for ``req_ids[r]``; ``chains``: all of them chains),

@@ -60,21 +60,27 @@ class TreeVerifier:
 
     def verify(self, plan: VerifyPlan, logits: torch.Tensor, sampling: Any, max_spec_len: int,
                compact_kv: KvCompactor) -> tuple[torch.Tensor, AcceptedPaths]:
-        """-> (sampled token ids [R, max_spec_len + 1] int32, -1 padded; accepted paths).
-
-        ``sampling`` is vLLM's SamplingMetadata for the batch (``all_greedy``,
-        ``temperature``, ``top_k``, ``top_p`` per request, ``generators`` by batch position).
-        """
+        """V1: the target's choice at every logits row from vLLM's V1 SamplingMetadata
+        (``all_greedy``, ``temperature``, ``top_k``, ``top_p`` per request, ``generators``
+        by batch position), then :meth:`accept`."""
         with StepProfile.phase("accept", logits.device):
             choice = self.target_choice(logits, plan, sampling)  # [num_logit_rows]
+        return self.accept(plan, choice, max_spec_len + 1, compact_kv)
+
+    def accept(self, plan: VerifyPlan, choice: torch.Tensor, columns: int,
+               compact_kv: KvCompactor) -> tuple[torch.Tensor, AcceptedPaths]:
+        """-> (sampled token ids [R, columns] int32, -1 padded: each request's accepted
+        tokens then its bonus token; accepted paths). ``choice`` is the target's token at
+        every logits row of the step (any runner's sampler)."""
+        with StepProfile.phase("accept", choice.device):
             result = accept_tree(plan.tree, choice[plan.node_logit_rows])
-            out = torch.full((len(plan.logit_starts), max_spec_len + 1), -1,
-                             dtype=torch.int64, device=logits.device)
+            out = torch.full((len(plan.logit_starts), columns), -1,
+                             dtype=torch.int64, device=choice.device)
             out[:, 0] = choice[plan.first_logit_row]  # requests without drafts: bonus only
             width = min(result.accepted_tokens.shape[1], out.shape[1])
             out[plan.batch_index, :width] = result.accepted_tokens[:, :width]
         accepted = AcceptedPaths(plan, result.accepted_nodes, result.num_accepted)
-        with StepProfile.phase("kv_compaction", logits.device):
+        with StepProfile.phase("kv_compaction", choice.device):
             compact_kv(accepted)
         self.stats.record(accepted)
         for observer in self._observers:

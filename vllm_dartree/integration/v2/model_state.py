@@ -1,0 +1,120 @@
+"""``DARTreeModelState``: the target side of a tree step on vLLM's V2 runner.
+
+vLLM's V2 runner asks the target's model state for the step's attention metadata
+(``prepare_attn``), for input overrides (``prepare_inputs``) and for its samplers
+(``custom_sampler``). This one is vLLM's default state plus, per step:
+
+- ``prepare_attn``: the verify plan (``TreeStep.plan``) laid over vLLM's batch, handed to
+  the attention backends on the target layers' own metadata objects, and the target layers'
+  KV caches and slot mappings recorded for the compaction after acceptance;
+- ``prepare_inputs``: depth positions (root + node depth) for the tree rows, in one
+  persistent buffer (graph replays read captured addresses); ``input_batch.positions``
+  stays sequential, so slot mappings, the sampler's bookkeeping and the drafter's context
+  see sequential positions;
+- ``custom_sampler``: ``sampler.TreeRejectionSampler``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+from vllm_dartree.integration import tree_context
+from vllm_dartree.integration.step import TreeStep
+from vllm_dartree.integration.v2.speculator import STEP_ATTR
+from vllm_dartree.integration.verify_plan import (
+    VerifyPlan,
+    depth_position_values,
+    needs_chain_verification,
+)
+
+
+class DARTreeModelState(DefaultModelState):
+    def __init__(self, vllm_config, model, encoder_cache, device) -> None:
+        super().__init__(vllm_config, model, encoder_cache, device)
+        self.step: TreeStep = getattr(model, STEP_ATTR)
+        self.vllm_config = vllm_config
+        max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        # Per request-state row: its sampling reads the drafted prefix (penalties, logprobs,
+        # ...), so a batch holding it is verified as chains by vLLM's own sampler.
+        self.reads_prefix = np.zeros(vllm_config.scheduler_config.max_num_seqs, dtype=bool)
+        self.plan: VerifyPlan | None = None  # this step's, between prepare_attn and sampling
+
+    def add_request(self, req_index: int, new_req_data) -> None:
+        super().add_request(req_index, new_req_data)
+        self.reads_prefix[req_index] = needs_chain_verification(new_req_data.sampling_params)
+
+    def batch_reads_drafted_prefix(self, input_batch) -> bool:
+        rows = input_batch.idx_mapping_np[: input_batch.num_reqs]
+        return bool(input_batch.has_structured_output_reqs or self.reads_prefix[rows].any())
+
+    def prepare_attn(self, input_batch, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        metadata = super().prepare_attn(input_batch, *args, **kwargs)
+        num_reqs = input_batch.num_reqs
+        drafts = input_batch.num_draft_tokens_per_req
+        self.step.plan(list(input_batch.req_ids[:num_reqs]),
+                       None if drafts is None else drafts[:num_reqs].tolist(),
+                       input_batch.num_scheduled_tokens[:num_reqs],
+                       DraftsInBatch(input_batch),
+                       verify_as_chain=self.batch_reads_drafted_prefix(input_batch))
+        self.plan = self.step.verify_forward(self._target_kv(metadata))
+        target = {id(m): m for m in self._target_metadata(metadata)}
+        tree_context.attach(target.values(), self.plan)
+        return metadata
+
+    def _target_metadata(self, metadata: dict[str, Any]) -> list[Any]:
+        layers = self.vllm_config.compilation_config.static_forward_context
+        return [m for name, m in metadata.items()
+                if m is not None and not getattr(layers.get(name), "is_draft_layer", False)]
+
+    def _target_kv(self, metadata: dict[str, Any]) -> list[tuple[torch.Tensor, str, Any]]:
+        """(kv cache, isa, slot mapping) of every target attention layer of this forward."""
+        layers = self.vllm_config.compilation_config.static_forward_context
+        found = []
+        for name, item in metadata.items():
+            layer = layers.get(name)
+            if item is None or layer is None or getattr(layer, "is_draft_layer", False):
+                continue
+            kv_cache = layer.kv_cache
+            if isinstance(kv_cache, (list, tuple)):  # one entry per virtual engine
+                kv_cache = kv_cache[0]
+            found.append((kv_cache, getattr(layer, "isa", ""), item.slot_mapping))
+        return found
+
+    def prepare_inputs(self, input_batch, req_states) -> dict[str, Any]:
+        inputs = super().prepare_inputs(input_batch, req_states)
+        count = input_batch.num_tokens_after_padding
+        positions = self.positions[:count]
+        positions.copy_(inputs.get("positions", input_batch.positions)[:count])
+        if self.plan is not None:
+            positions[self.plan.node_rows] = depth_position_values(self.plan, positions)
+        return {**inputs, "positions": positions}
+
+    def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, Any]:
+        return {**super().prepare_dummy_inputs(num_reqs, num_tokens),
+                "positions": self.positions[:num_tokens]}
+
+    def custom_sampler(self, sampler: Any) -> tuple[Any, Any]:
+        from vllm_dartree.integration.v2.sampler import TreeRejectionSampler
+
+        return sampler, TreeRejectionSampler(sampler, self.vllm_config, self)
+
+
+class DraftsInBatch:
+    """``chain_drafts`` for ``TreeStep.plan`` on V2: a request's drafted tokens read from the
+    batch's input ids (V2's scheduler holds only placeholders). Read only for a request the
+    last proposal has no tree for (rare), so the host copy is paid only then."""
+
+    def __init__(self, input_batch) -> None:
+        self.batch = input_batch
+
+    def get(self, req_id: str, default: list[int]) -> list[int]:
+        batch = self.batch
+        index = list(batch.req_ids).index(req_id)
+        drafts = int(batch.num_draft_tokens_per_req[index])
+        end = int(batch.query_start_loc_np[index + 1])
+        return batch.input_ids[end - drafts:end].tolist() if drafts else default

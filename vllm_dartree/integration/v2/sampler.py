@@ -1,0 +1,58 @@
+"""``TreeRejectionSampler``: acceptance of a tree step on vLLM's V2 runner.
+
+The target's token at every logits row comes from vLLM's own ``Sampler.sample`` (sampling
+parameters, temperature, top-k/p, and V2's draws keyed by each request's seed and the row's
+position), with each tree row at its depth position, root + depth: a node is drawn exactly
+as target-only decoding would draw the token after that node's path, so every emitted
+token is the target's own. The tree walk, KV compaction and statistics are the shared
+verifier's. A step without a plan (no drafts, or a batch whose sampling reads the drafted
+prefix, whose drafts are chains) goes to vLLM's own ``RejectionSampler``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
+from vllm.v1.worker.gpu.sample.output import SamplerOutput
+from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
+
+from vllm_dartree.integration.verify_plan import VerifyPlan
+
+
+class TreeRejectionSampler:
+    def __init__(self, sampler: Any, vllm_config, model_state) -> None:
+        self.sampler = sampler
+        self.model_state = model_state
+        # Chain batches; greedy drafts (no draft logits), vLLM's standard rejection.
+        self.chain_sampler = RejectionSampler(sampler, vllm_config.speculative_config,
+                                              model_state.device)
+
+    def __call__(self, logits: torch.Tensor, input_batch, draft_logits=None,
+                 *args: Any, **kwargs: Any) -> SamplerOutput:
+        accepted = self.model_state.step.accept_with(
+            lambda plan: self.target_choice(logits, input_batch, plan),
+            columns=self.chain_sampler.num_speculative_steps + 1)
+        if accepted is None:  # drafts are tokens only: verified as vLLM verifies greedy drafts
+            return self.chain_sampler(logits, input_batch, None, *args, **kwargs)
+        sampled, paths = accepted
+        plan = paths.plan
+        num_sampled = torch.ones(input_batch.num_reqs, dtype=torch.int32, device=logits.device)
+        num_sampled[plan.batch_index] = paths.num_accepted.to(torch.int32)
+        num_sampled, num_rejected = get_num_sampled_and_rejected(
+            num_sampled, input_batch.seq_lens, input_batch.cu_num_logits,
+            input_batch.idx_mapping, self.sampler.req_states.prefill_len.gpu)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None, num_nans=None,
+                             num_sampled=num_sampled, num_rejected=num_rejected)
+
+    def target_choice(self, logits: torch.Tensor, input_batch, plan: VerifyPlan
+                      ) -> torch.Tensor:
+        """The target's token at every logits row, each row at its (depth) position."""
+        rows = input_batch.logits_indices
+        positions = self.model_state.positions[rows]
+        tokens, _ = self.sampler.sample(
+            logits, input_batch.expanded_idx_mapping, input_batch.idx_mapping,
+            input_batch.idx_mapping_np, positions, input_batch.input_ids[rows],
+            input_batch.expanded_local_pos, input_batch.seq_lens_cpu_upper_bound.numpy())
+        return tokens.to(torch.int64)
