@@ -98,7 +98,7 @@ NEAR_LIMIT = {"max_model_len": 160, "max_num_seqs": 8, "max_num_batched_tokens":
 def drafter_query_blocks(monkeypatch) -> list[tuple[set[int], set[int], int]]:
     """Record, for every drafter query block the forward writes, (KV blocks its slots write
     to, blocks its request owns, its last position) per request."""
-    from vllm_dartree.integration.proposer import DARTreeProposer
+    from vllm_dartree.integration.v1.proposer import DARTreeProposer
 
     seen = []
     get_slot_mapping = DARTreeProposer._get_slot_mapping

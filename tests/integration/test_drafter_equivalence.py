@@ -57,7 +57,7 @@ def capture_first_draft(llm, prompt: list[int]) -> Captured:
     """Generate a few tokens for ``prompt`` and capture the first drafter call."""
     from vllm import SamplingParams
 
-    from vllm_dartree.integration.proposer import DARTreeProposer
+    from vllm_dartree.integration.v1.proposer import DARTreeProposer
 
     seen: dict = {}
     draft_block, propose = DARTreeProposer._draft_block, DARTreeProposer.propose

@@ -83,5 +83,20 @@ def test_vllm_internals_are_imported_only_by_the_integration_package():
 
 
 def test_the_graph_is_real():
-    assert "vllm_dartree.tree" in GRAPH["vllm_dartree.integration.proposer"]
+    assert "vllm_dartree.tree" in GRAPH["vllm_dartree.integration.drafting"]
     assert "vllm_dartree.kernels.topb" in GRAPH["vllm_dartree.tree.build"]
+
+
+def test_each_runners_glue_stays_in_its_own_package():
+    """V1 glue (integration/v1) and V2 glue (integration/v2) never import each other, and
+    nothing else imports either, except activation (which installs them)."""
+    for name, deps in GRAPH.items():
+        for runner, other in (("v1", "v2"), ("v2", "v1")):
+            if name.startswith(f"vllm_dartree.integration.{runner}"):
+                assert not {d for d in deps if d.startswith(f"vllm_dartree.integration.{other}")}
+        if not name.startswith(("vllm_dartree.integration.v1", "vllm_dartree.integration.v2",
+                                "vllm_dartree.integration.activation", "vllm_dartree.testing")):
+            glue = {d for d in deps if d.startswith(("vllm_dartree.integration.v1",
+                                                      "vllm_dartree.integration.v2"))}
+            assert not glue, (name, glue)
+    assert "vllm_dartree.integration.drafting" in GRAPH["vllm_dartree.integration.v2.speculator"]

@@ -7,9 +7,11 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+import vllm_dartree
 from vllm_dartree.integration import activation
 from vllm_dartree.integration.patching import check_vllm_version
 
@@ -34,14 +36,14 @@ def test_import_is_light():
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "1.0.0", "garbage"])
+@pytest.mark.parametrize("version", ["0.31.2", "0.35.0", "1.0.0", "garbage"])
 def test_unsupported_vllm_is_refused_with_the_supported_range(version):
-    with pytest.raises(RuntimeError, match=r"supports vLLM 0\.32\.x .* and 0\.33\.x") as err:
+    with pytest.raises(RuntimeError, match=r"supports vLLM 0\.32\.x .*, 0\.33\.x and 0\.34\.x") as err:
         check_vllm_version(version)
     assert version in str(err.value)
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.33.0", "0.33.1"])
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.33.0", "0.33.1", "0.34.0"])
 def test_supported_vllm_is_accepted(version):
     check_vllm_version(version)
 
@@ -84,7 +86,8 @@ def test_only_the_gate_is_installed_at_load():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True,
         env={k: v for k, v in os.environ.items() if k != "VLLM_DARTREE_ACTIVE"},
     )
-    declared = sorted(t.attribute for t in activation.LOAD_TOUCHPOINTS)
+    # (MethodRegistration, the third, applies on 0.34+ only: vLLM's registry.)
+    declared = sorted(t.attribute for t in activation.LOAD_TOUCHPOINTS if t.applies_here())
     assert declared == ["add_cli_args", "create_speculative_config"]
     assert out.stdout.strip().splitlines()[-1] == f"{declared} None"
 
@@ -137,3 +140,43 @@ def test_stock_method_runs_and_logs_as_without_the_plugin(tiny_target):
     # Same log statements (templates, so timings and pids do not matter).
     differing = set(map(tuple, with_plugin["logs"])) ^ set(map(tuple, without_plugin["logs"]))
     assert not differing, differing
+
+
+def test_on_vllm_0_34_dartree_is_a_registered_method_and_no_v1_glue_applies(monkeypatch):
+    """0.34 (no V1 runner, a custom-speculator registry): activation registers "dartree"
+    through vLLM's API, applies no V1 touch-point and no init_speculator patch, and the
+    gate hands vLLM the registered method. (0.34 cannot run here: a stand-in registry
+    module records the call; the compat test checks the real API's signature.)"""
+    import ast
+    import types
+
+    import vllm
+
+    import vllm_dartree.integration.v2.speculator as speculator
+
+    calls = []
+    registry = types.ModuleType("stand_in_registry")
+    registry._CUSTOM_CONFIGS = {}
+    registry.register_speculative_method = lambda name, config_cls: calls.append(
+        (name, config_cls))
+    monkeypatch.setitem(sys.modules, "stand_in_registry", registry)
+    monkeypatch.setattr(activation.MethodRegistration, "registry", "stand_in_registry")
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    assert activation.MethodRegistration.applies_here()
+    activation.MethodRegistration.apply()
+    try:
+        assert calls == [("dartree", activation.MethodRegistration.config_path)]
+    finally:
+        activation.MethodRegistration.revert()
+    names = {t.__name__ for t in activation.dartree_touchpoints()}
+    assert names == {"ActiveInEngineProcesses", "DrafterArchitecture",
+                     "DSparkDrafterArchitecture", "CpuTreeAttention", "TritonTreeAttention"}
+    # The registered config names our V2 speculator (read as text: it imports 0.34 only).
+    module, _, cls = activation.MethodRegistration.config_path.rpartition(".")
+    source = Path(vllm_dartree.__file__).parent.joinpath(
+        *module.split(".")[1:]).with_suffix(".py").read_text()
+    (config,) = [n for n in ast.walk(ast.parse(source))
+                 if isinstance(n, ast.ClassDef) and n.name == cls]
+    (path,) = [n.value.value for n in config.body if isinstance(n, ast.Assign)
+               and n.targets[0].id == "speculator_class"]
+    assert path == f"{speculator.__name__}.{speculator.DARTreeSpeculator.__name__}"

@@ -66,7 +66,8 @@ PROBE = textwrap.dedent(
     from vllm_dartree.integration import activation
     activation.activate()
     active = snapshot()
-    declared_load = sorted({c for t in activation.LOAD_TOUCHPOINTS for c in t.changes()})
+    declared_load = sorted({c for t in activation.LOAD_TOUCHPOINTS if t.applies_here()
+                            for c in t.changes()})
     declared = sorted({c for t in activation.dartree_touchpoints()
                        if t.is_applied() for c in t.changes()})
     print("RESULT" + json.dumps({

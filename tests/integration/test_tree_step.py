@@ -313,7 +313,7 @@ def test_kv_compaction_sees_the_target_layers_only(monkeypatch):
     KV move leaves them out."""
     import vllm.forward_context as forward_context
 
-    from vllm_dartree.integration.runner import target_kv_caches
+    from vllm_dartree.integration.v1.runner import target_kv_caches
 
     def layer(name):
         return SimpleNamespace(kv_cache=torch.full((2,), float(len(name))), isa="vec")

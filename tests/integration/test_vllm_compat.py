@@ -10,7 +10,7 @@ import pytest
 
 import vllm_dartree
 from vllm_dartree.integration.patching import SUPPORTED_VLLM
-from vllm_dartree.integration.touchpoints import CHECKED_RELEASES, NAMES
+from vllm_dartree.integration.touchpoints import CHECKED_RELEASES, GLUE_RELEASES, NAMES
 from vllm_dartree.testing.vllm_sources import SourceTree, release_source_root
 
 PACKAGE = Path(vllm_dartree.__file__).parent
@@ -41,16 +41,30 @@ def problems(tree: SourceTree, path: str, params=(), exact=False) -> str | None:
 
 def test_every_declared_name_resolves(source_tree):
     version, tree = source_tree
-    failures = [p for n in NAMES if (p := problems(tree, n.path, n.params, n.exact))]
+    failures = [p for n in NAMES if version in n.releases
+                and (p := problems(tree, n.path, n.params, n.exact))]
     assert not failures, f"vLLM {version}:\n" + "\n".join(failures)
 
 
-def product_vllm_imports() -> dict[str, list[str]]:
+def glue_releases(relative: str) -> tuple[str, ...] | None:
+    """The releases a product file's vLLM imports must resolve in (None: every release)."""
+    for prefix, releases in GLUE_RELEASES.items():
+        if relative.startswith(prefix):
+            return releases
+    return None
+
+
+def product_vllm_imports(version: str | None = None) -> dict[str, list[str]]:
     """``module:name`` of every vLLM import in the product (not its test helpers), with the
-    files that import it; ``import vllm.x as m`` counts each ``m.attr`` it reads."""
+    files that import it; ``import vllm.x as m`` counts each ``m.attr`` it reads. With
+    ``version``, only files whose glue runs on that release (``GLUE_RELEASES``)."""
     found: dict[str, list[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        if "testing" in path.relative_to(PACKAGE).parts:
+        relative = path.relative_to(PACKAGE)
+        if "testing" in relative.parts:
+            continue
+        releases = glue_releases(relative.as_posix())
+        if version is not None and releases is not None and version not in releases:
             continue
         tree = ast.parse(path.read_text())
         aliases: dict[str, str] = {}
@@ -72,26 +86,35 @@ def product_vllm_imports() -> dict[str, list[str]]:
     return found
 
 
-def is_declared(name: str, tree: SourceTree) -> bool:
-    """Declared itself, or a declared name lives inside it (a class or module)."""
+def is_declared(name: str, tree: SourceTree, version: str) -> bool:
+    """Declared (for ``version``) itself, or a declared name lives inside it."""
     module, _, qualname = name.partition(":")
     if qualname and tree.module_file(f"{module}.{qualname}"):  # `from vllm.x import module`
         module, qualname = f"{module}.{qualname}", ""
     if not qualname:
-        return any(n.path == module or n.path.startswith(module + ":") for n in NAMES)
+        return any(version in n.releases and (n.path == module or n.path.startswith(module + ":"))
+                   for n in NAMES)
     name = f"{module}:{qualname}"
-    return any(n.path == name or n.path.startswith(name + ".") for n in NAMES)
+    return any(version in n.releases and (n.path == name or n.path.startswith(name + "."))
+               for n in NAMES)
+
+
+def declared_elsewhere_only(name: str, version: str) -> bool:
+    entries = [n for n in NAMES if n.path == name]
+    return bool(entries) and not any(version in n.releases for n in entries)
 
 
 def test_every_vllm_import_of_the_product_resolves_and_is_declared(source_tree):
     version, tree = source_tree
     failures = []
-    for name, files in product_vllm_imports().items():
+    for name, files in product_vllm_imports(version).items():
+        if declared_elsewhere_only(name, version):
+            continue  # a release-specific import the product guards (e.g. 0.34's _cpu_ops)
         if ":" not in name:  # a plain `import vllm.x`: the module must exist
             problem = None if tree.module_file(name) else f"{name}: no such module"
         else:
             problem = problems(tree, name)
-        if problem is None and not is_declared(name, tree):
+        if problem is None and not is_declared(name, tree, version):
             problem = f"{name}: used but not declared in integration/touchpoints.py"
         if problem:
             failures.append(f"{problem} (imported in {', '.join(sorted(set(files)))})")

@@ -20,10 +20,17 @@ from vllm_dartree.integration.patching import (
     ArchitectureOverride,
     BackendOverride,
     EnvironmentSetting,
+    SpeculativeMethodRegistration,
     TouchPoint,
     VllmPatch,
     check_vllm_version,
+    installed_release_in,
     installed_vllm_version,
+)
+from vllm_dartree.integration.touchpoints import (
+    PRE_REGISTRY_RELEASES,
+    REGISTRY_RELEASES,
+    V1_RELEASES,
 )
 
 ACTIVE_ENV = "VLLM_DARTREE_ACTIVE"
@@ -43,6 +50,12 @@ def requested_config(engine_args: Any) -> dict | None:
     if method != METHOD_NAME:
         return None
     merged = dict(config or {})
+    # vLLM 0.34's form for a custom method's own options: the same keys, nested.
+    for key, value in (merged.pop("speculator_options", None) or {}).items():
+        if key in merged:
+            raise ValueError(f"speculative_config key '{key}' is given both at the top level "
+                             "and in 'speculator_options'; give it once")
+        merged[key] = value
     for flag, key, _ in SHORTCUT_FLAGS:
         if flags[key] is None:
             continue
@@ -88,19 +101,30 @@ class SpecMethodChoice(VllmPatch):
         def with_dartree_choice(parser):
             parser = add_cli_args(parser)
             for action in parser._actions:
-                if "--spec-method" in action.option_strings and action.choices is not None:
+                if ("--spec-method" in action.option_strings and action.choices is not None
+                        and METHOD_NAME not in action.choices):
                     action.choices = [*action.choices, METHOD_NAME]
             return parser
 
         return staticmethod(with_dartree_choice)
 
 
-LOAD_TOUCHPOINTS: tuple[type[VllmPatch], ...] = (SpeculativeConfigGate, SpecMethodChoice)
+class MethodRegistration(SpeculativeMethodRegistration):
+    """vLLM 0.34+: "dartree" is a registered speculative method (vLLM's custom-speculator
+    API), whose config (``v2.registry.DARTreeSpeculatorConfig``) names the speculator."""
+
+    method = METHOD_NAME
+    config_path = "vllm_dartree.integration.v2.registry.DARTreeSpeculatorConfig"
+    releases = REGISTRY_RELEASES
+
+
+LOAD_TOUCHPOINTS: tuple[type[TouchPoint], ...] = (SpeculativeConfigGate, SpecMethodChoice,
+                                                   MethodRegistration)
 
 
 def install_gate() -> None:
     for touchpoint in LOAD_TOUCHPOINTS:
-        if not touchpoint.is_applied():
+        if not touchpoint.is_applied() and touchpoint.applies_here():
             touchpoint.apply()
 
 
@@ -139,7 +163,8 @@ class V2SpeculatorChoice(VllmPatch):
 
 
 class DrafterBlockLookahead(VllmPatch):
-    """Reserve KV slots for the drafter's whole query block.
+    """V1: reserve KV slots for the drafter's whole query block (V2's query is cut to
+    1 + query_slots <= B + 1 rows, inside what vLLM reserves for DFlash).
 
     vLLM reserves ``num_speculative_tokens + 1`` slots past the scheduled tokens for a
     DFlash drafter, which queries that many. Ours queries the checkpoint's block (16) for
@@ -200,15 +225,22 @@ class TritonTreeAttention(BackendOverride):
 
 
 def dartree_touchpoints() -> list[type[TouchPoint]]:
-    """Every change activation makes to vLLM, in the order it applies them."""
+    """Every change activation makes to the installed vLLM, in the order it applies them:
+    the tree core's (drafter architectures, tree attention backends), the V2 runner's
+    speculator choice where vLLM has no registry (0.32/0.33), and the V1 runner's glue
+    where vLLM still ships that runner (0.32/0.33)."""
+    shared = [ActiveInEngineProcesses, DrafterArchitecture, DSparkDrafterArchitecture,
+              CpuTreeAttention, TritonTreeAttention]
+    v2 = [V2SpeculatorChoice] if installed_release_in(PRE_REGISTRY_RELEASES) else []
+    if not installed_release_in(V1_RELEASES):
+        return shared + v2
     from vllm_dartree.integration.compat import CPU_DEFECT_FIXES
-    from vllm_dartree.integration.draft_handoff import DRAFT_HANDOFF_PATCHES
-    from vllm_dartree.integration.runner import RUNNER_PATCHES, DFlashProposerGlobal
+    from vllm_dartree.integration.v1.draft_handoff import DRAFT_HANDOFF_PATCHES
+    from vllm_dartree.integration.v1.runner import RUNNER_PATCHES, DFlashProposerGlobal
 
-    return [ActiveInEngineProcesses, V2SpeculatorChoice, DrafterBlockLookahead,
-            *CPU_DEFECT_FIXES,
-            DrafterArchitecture, DSparkDrafterArchitecture, CpuTreeAttention, TritonTreeAttention,
-            DFlashProposerGlobal, *RUNNER_PATCHES, *DRAFT_HANDOFF_PATCHES]
+    v1 = [DrafterBlockLookahead, *CPU_DEFECT_FIXES, DFlashProposerGlobal, *RUNNER_PATCHES,
+          *DRAFT_HANDOFF_PATCHES]
+    return shared + v2 + v1
 
 
 _activated = False
@@ -245,10 +277,12 @@ def build_dartree_speculative_config(engine_args, requested: dict, original,
     activate()
     saved = {attr: getattr(engine_args, attr, None) for _, _, attr in SHORTCUT_FLAGS}
     saved_config = engine_args.speculative_config
-    # vLLM carries dartree as its DFlash method (same drafter plumbing) with B draft slots;
-    # the dartree settings ride along on the config object into every engine process.
+    # vLLM carries dartree as its DFlash method (same drafter plumbing) with B draft slots:
+    # on 0.34+ through the registered method "dartree" (a DFlash-based config naming our
+    # speculator), before that as "dflash" itself. The dartree settings ride along on the
+    # config object into every engine process.
     engine_args.speculative_config = {
-        "method": "dflash",
+        "method": METHOD_NAME if MethodRegistration.applies_here() else "dflash",
         "model": config.model,
         "num_speculative_tokens": config.budget,
         **config.vllm_options,

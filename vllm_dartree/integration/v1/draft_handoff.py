@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 
 from vllm_dartree.integration.patching import VllmPatch
-from vllm_dartree.integration.runner import RUNNER, tree_step_of
+from vllm_dartree.integration.v1.runner import RUNNER, tree_step_of
 
 DRAFTS_ATTR = "dartree_draft_token_ids"  # on a ModelRunnerOutput: DraftTokenIds | None
 PENDING_ATTR = "dartree_pending_drafts"  # on the scheduler: (DraftTokenIds | None,)
