@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -156,7 +157,8 @@ def test_layers_with_sinks_or_windows_are_refused_in_dartree_engines_only(monkey
     refusals.refuse_layer(layer, "CPU")  # another engine: not ours to refuse
 
 
-def setup_problems(text=None, hf_config=None, head=64, on_cuda=False, tree="pruned"):
+def setup_problems(text=None, hf_config=None, head=64, on_cuda=False, tree="pruned",
+                   parallel=None):
     """setup_problems() for a plain model config with one thing changed."""
     model_config = SimpleNamespace(
         hf_text_config=text or SimpleNamespace(), hf_config=hf_config or SimpleNamespace(),
@@ -167,7 +169,8 @@ def setup_problems(text=None, hf_config=None, head=64, on_cuda=False, tree="prun
         get_head_size=lambda: head)
     config = DARTreeConfig(model="drafter", tree=tree)
     return refusals.setup_problems(config, SimpleNamespace(kv_cache_dtype="auto"),
-                                   model_config, SimpleNamespace(pipeline_parallel_size=1),
+                                   model_config,
+                                   parallel or SimpleNamespace(pipeline_parallel_size=1),
                                    on_cuda)
 
 
@@ -175,3 +178,24 @@ def setup_problems(text=None, hf_config=None, head=64, on_cuda=False, tree="prun
 def _no_v2_env(monkeypatch):
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER"):
         monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("rejection_sample_method", "block"), ("draft_sample_method", "probabilistic"),
+    ("enable_adaptive_verification", True), ("synthetic_acceptance_rates", [0.5])])
+def test_v2_verification_settings_trees_cannot_honour_are_refused(tmp_path, tiny_domino, key,
+                                                                   value):
+    """vLLM's own verification options (lossy or chain-only rejection, probabilistic drafts,
+    its adaptive verification) are not dartree keys: refused by name and value."""
+    message = (f"key '{key}' (value {value!r}) is not supported with method 'dartree'; "
+               "allowed keys: budget_policy")
+    with pytest.raises(DARTreeConfigError, match=re.escape(message)):
+        engine_config(config_only_target(tmp_path, key), tiny_domino,
+                      speculative={key: value})
+
+
+@pytest.mark.parametrize("key", ["prefill_context_parallel_size",
+                                 "decode_context_parallel_size"])
+def test_context_parallelism_is_refused(key):
+    problems = setup_problems(parallel=SimpleNamespace(pipeline_parallel_size=1, **{key: 2}))
+    assert any(f"engine key '{key}' = 2 is not supported with dartree" in p for p in problems)

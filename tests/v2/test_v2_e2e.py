@@ -111,3 +111,53 @@ def test_prefix_reading_sampling_falls_back_to_chain(engines, tiny_target, tiny_
     expected = generate_ids(engines.get(model=str(tiny_target), **BATCH), PROMPTS[:4], sampling)
     llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **BATCH)
     assert generate_ids(llm, PROMPTS[:4], sampling) == expected
+
+
+def test_one_request_reaching_max_model_len_while_others_decode(engines, tiny_target,
+                                                               tiny_domino):
+    """V2's DFlash clamps a query's position at max_model_len - 1 but takes its slot from the
+    unclamped position: near the limit the long request's drafter queries must write no K/V
+    into slots it does not own. The others keep drafting; output identical."""
+    prompts = (random_prompts(1, VOCAB, seed=41, min_len=100, max_len=100)
+               + random_prompts(5, VOCAB, seed=42, min_len=4, max_len=10))
+    engine = {"max_model_len": 160, "max_num_seqs": 8, "max_num_batched_tokens": 512}
+    sampling = greedy(120)
+    expected = generate_ids(engines.get(model=str(tiny_target), **engine), prompts, sampling)
+    assert len(prompts[0]) + len(expected[0]) == 160  # the long request hits the limit
+    llm = engines.get(model=str(tiny_target), **engine, speculative_config=dartree(
+        tiny_domino, num_speculative_tokens=24, width=4, top_k=8))
+    assert generate_ids(llm, prompts, sampling) == expected
+
+
+def test_chunked_prefill_and_preemption(engines, tiny_target, tiny_domino):
+    """Prompts prefilled in chunks and a KV cache small enough to preempt requests."""
+    prompts = random_prompts(8, VOCAB, seed=9, min_len=100, max_len=180)
+    engine = {"max_model_len": 384, "max_num_seqs": 8, "max_num_batched_tokens": 256,
+              "enable_chunked_prefill": True, "kv_cache_memory_bytes": 1 << 20}
+    sampling = greedy(60)
+    expected = generate_ids(engines.get(model=str(tiny_target), **engine), prompts, sampling)
+    llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **engine)
+    assert generate_ids(llm, prompts, sampling) == expected
+
+
+def test_what_v2_does_not_run_yet_is_refused_before_weights_load(tiny_target, tiny_domino,
+                                                                 monkeypatch):
+    """The adaptive budget is V1-only for now: refused when vLLM builds the speculator
+    (before load_model), naming the key, the value and what V2 supports."""
+    from vllm_dartree.config import DARTreeConfigError
+    from vllm_dartree.harness.engine import build_llm
+    from vllm_dartree.integration.v2 import speculator
+
+    loads = []
+    monkeypatch.setattr(speculator.DARTreeSpeculator, "load_model",
+                        lambda self, model: loads.append(model))
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    try:
+        with pytest.raises(DARTreeConfigError, match="'budget_policy' = 'adaptive' is not "
+                           "available on vLLM's V2 model runner yet .supported there: 'fixed'"):
+            build_llm(model=str(tiny_target), **BATCH,
+                      speculative_config=dartree(tiny_domino, budget_policy="adaptive"))
+    finally:
+        cleanup_dist_env_and_memory()  # the half-built engine's process-wide state
+    assert loads == []

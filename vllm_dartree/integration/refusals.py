@@ -87,6 +87,12 @@ def setup_problems(config: DARTreeConfig, engine_args: Any, model_config: Any,
                         "'budget_policy' = 'adaptive': per-request draft counts reach vLLM's "
                         "scheduler only when it schedules synchronously (supported: "
                         "async_scheduling unset or False, or budget_policy 'fixed')")
+    for key in ("prefill_context_parallel_size", "decode_context_parallel_size"):
+        size = getattr(parallel_config, key, 1) or 1
+        if size > 1:
+            problems.append(f"engine key {key!r} = {size} is not supported with dartree: a "
+                            "tree's rows and its compacted KV live on one context-parallel "
+                            "rank (supported: 1)")
     problems += runner_problems(engine_args)
     return problems
 

@@ -31,6 +31,9 @@ def _install() -> None:
         extern_libs = None
 
     class Compiler:
+        def __init__(self, target=None) -> None:
+            self.target = target
+
         @staticmethod
         def supports_target(target) -> bool:
             return getattr(target, "backend", None) == "cpu"

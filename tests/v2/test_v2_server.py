@@ -1,0 +1,92 @@
+"""The OpenAI server on V2 (real processes, loopback only): concurrent greedy and seeded
+sampled requests, completions and chat, streaming requests hung up on mid-way. On V2 a
+seeded sampled answer equals target-only's too (draws keyed by seed and position)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from vllm_dartree.harness.server import http_json, http_text, metric_value, running_server
+from vllm_dartree.models.tiny import DrafterSpec, TargetSpec, write_drafter, write_target
+
+pytestmark = pytest.mark.e2e
+
+SPEC = TargetSpec(with_tokenizer=True)
+SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
+               "--max-num-seqs", "8", "--max-num-batched-tokens", "1024")
+WORDS = ["def", "class", "import", "return", "self", "for", "while", "print", "lambda", "yield"]
+
+
+def _requests() -> list[dict]:
+    """16 requests: greedy and seeded sampled (temperature only: vLLM's top-k/top-p kernel
+    does not run in Triton's interpreter), completions and chat, 2 streamed and aborted."""
+    out = []
+    for i in range(16):
+        prompt = " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(2 + i % 9))
+        body = {"model": "tiny", "max_tokens": 8 + (i * 13) % 33}
+        body |= {"temperature": 0.9, "seed": i} if i % 4 == 3 else {"temperature": 0.0}
+        if i % 5 == 4:
+            body |= {"messages": [{"role": "user", "content": prompt}]}
+        else:
+            body |= {"prompt": prompt}
+        out.append({"body": body, "abort": i % 8 == 5})
+    return out
+
+
+def _send(base: str, request: dict) -> dict:
+    body = request["body"]
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    if not request["abort"]:
+        choice = http_json(base + path, body)["choices"][0]
+        return {"text": choice.get("text", choice.get("message", {}).get("content"))}
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=300)
+    conn.request("POST", path, json.dumps(body | {"stream": True, "max_tokens": 100}),
+                 {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    first = response.readline()
+    conn.close()
+    return {"aborted": response.status == 200 and first.startswith(b"data:")}
+
+
+def _serve_all(base: str) -> list[dict]:
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return list(pool.map(lambda r: _send(base, r), _requests()))
+
+
+@pytest.fixture(scope="module")
+def target_only_answers():
+    with running_server(write_target(SPEC), *SERVER_ARGS, log_name="v2_server_target.log",
+                        startup_timeout=600) as base:
+        return _serve_all(base)
+
+
+@pytest.mark.parametrize("form", ["json", "speculator_options", "flags"])
+def test_v2_dartree_server_answers_like_target_only(target_only_answers, form):
+    drafter = str(write_drafter(DrafterSpec(target=SPEC, domino=True)))
+    args = {
+        "json": ("--speculative-config", json.dumps(
+            {"method": "dartree", "model": drafter, "num_speculative_tokens": 16})),
+        # vLLM 0.34's nesting of a custom method's own options, accepted on every release.
+        "speculator_options": ("--speculative-config", json.dumps(
+            {"method": "dartree", "model": drafter,
+             "speculator_options": {"tree": "fixed", "num_speculative_tokens": 16}})),
+        "flags": ("--spec-method", "dartree", "--spec-model", drafter, "--spec-tokens", "16"),
+    }[form]
+    with running_server(write_target(SPEC), *SERVER_ARGS, *args, startup_timeout=600,
+                        log_name=f"v2_server_{form}.log") as base:
+        answers = _serve_all(base)
+        assert http_text(base + "/health") is not None  # still serving after the aborts
+        metrics = http_text(base + "/metrics")
+    for request, got, expected in zip(_requests(), answers, target_only_answers):
+        if request["abort"]:
+            assert got["aborted"]
+        else:
+            assert got["text"] == expected["text"], request
+    drafts = metric_value(metrics, "vllm:spec_decode_num_drafts_total")
+    draft_tokens = metric_value(metrics, "vllm:spec_decode_num_draft_tokens_total")
+    assert drafts and 0 < draft_tokens <= 16 * drafts
