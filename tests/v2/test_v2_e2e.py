@@ -4,6 +4,7 @@ the test stand-in, float32): every variant equal to target-only decoding on V2 a
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import v1_target_only
 from variants import VARIANTS as TREE_VARIANTS
 
@@ -114,10 +115,30 @@ def test_prefix_reading_sampling_falls_back_to_chain(engines, tiny_target, tiny_
 
 
 def test_one_request_reaching_max_model_len_while_others_decode(engines, tiny_target,
-                                                               tiny_domino):
+                                                               tiny_domino, monkeypatch):
     """V2's DFlash clamps a query's position at max_model_len - 1 but takes its slot from the
-    unclamped position: near the limit the long request's drafter queries must write no K/V
-    into slots it does not own. The others keep drafting; output identical."""
+    unclamped position (block index clamped to the last): near the limit every drafter query
+    writes either nothing or the slot of its own true position in its own blocks. The others
+    keep drafting; output identical."""
+    from vllm.v1.attention.backends.utils import PAD_SLOT_ID
+
+    from vllm_dartree.integration.v2.speculator import DARTreeSpeculator
+
+    writes = []
+    run_model = DARTreeSpeculator._run_model
+
+    def recording(self, num_tokens, attn_metadata, slot_mappings, *args, **kwargs):
+        if slot_mappings:
+            block = self.num_query_per_req
+            rows = num_tokens // block * block
+            gid = self.draft_kv_cache_group_id
+            writes.append((self.input_buffers.positions[:rows].view(-1, block).clone(),
+                           next(iter(slot_mappings.values()))[:rows].view(-1, block).clone(),
+                           self.block_tables.input_block_tables[gid].clone(),
+                           self.block_tables.block_sizes[gid], self.max_model_len))
+        return run_model(self, num_tokens, attn_metadata, slot_mappings, *args, **kwargs)
+
+    monkeypatch.setattr(DARTreeSpeculator, "_run_model", recording)
     prompts = (random_prompts(1, VOCAB, seed=41, min_len=100, max_len=100)
                + random_prompts(5, VOCAB, seed=42, min_len=4, max_len=10))
     engine = {"max_model_len": 160, "max_num_seqs": 8, "max_num_batched_tokens": 512}
@@ -127,6 +148,16 @@ def test_one_request_reaching_max_model_len_while_others_decode(engines, tiny_ta
     llm = engines.get(model=str(tiny_target), **engine, speculative_config=dartree(
         tiny_domino, num_speculative_tokens=24, width=4, top_k=8))
     assert generate_ids(llm, prompts, sampling) == expected
+    past_the_limit = 0
+    for positions, slots, tables, block_size, limit in writes:
+        true = positions[:, :1] + torch.arange(positions.shape[1])
+        owned = (tables.gather(1, (true.clamp(max=limit - 1) // block_size).long())
+                 * block_size + true % block_size)
+        written = slots != PAD_SLOT_ID
+        assert not (written & (true >= limit)).any()
+        assert torch.equal(slots[written], owned[written])
+        past_the_limit += int((true >= limit).sum())
+    assert past_the_limit > 0  # the long request's queries did reach past the limit
 
 
 def test_chunked_prefill_and_preemption(engines, tiny_target, tiny_domino):

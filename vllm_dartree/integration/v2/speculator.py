@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from vllm.config.compilation import CUDAGraphMode
+from vllm.v1.attention.backends.utils import PAD_SLOT_ID
 from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
 
 from vllm_dartree.config import DARTreeConfigError
@@ -60,10 +61,28 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
                         slot_mappings, num_tokens_across_dp,
                         cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE) -> None:
         """The drafter's query forward; its outputs are kept for the trees (no sampling)."""
+        if slot_mappings:
+            self._write_nothing_past_the_limit(num_reqs, slot_mappings)
         hidden = self._run_model(num_tokens_padded, attn_metadata, slot_mappings,
                                  num_tokens_across_dp, cudagraph_runtime_mode)
         rows = min(num_tokens_padded, self.query_hidden.shape[0])
         self.query_hidden[:rows].copy_(hidden[:rows])
+
+    def _write_nothing_past_the_limit(self, num_reqs: int, slot_mappings) -> None:
+        """Queries at or past ``max_model_len`` write no drafter K/V.
+
+        vLLM's DFlash clamps such a query's position to the limit but takes its slot from
+        the unclamped position with the block index clamped to the request's last block:
+        the write would land on a committed position's slot of that block. The root row
+        sits below the limit, so query j's true position is the root's plus j. (Device
+        arithmetic only: a captured drafter graph replays it.)"""
+        block = self.num_query_per_req
+        rows = num_reqs * block
+        positions = self.input_buffers.positions[:rows].view(num_reqs, block)
+        true_positions = positions[:, :1] + torch.arange(block, device=positions.device)
+        past = (true_positions >= self.max_model_len).view(-1)
+        for slots in {id(s): s for s in slot_mappings.values()}.values():
+            slots[:rows].masked_fill_(past, PAD_SLOT_ID)
 
     def propose(self, input_batch, attn_metadata: dict[str, Any], slot_mappings,
                 last_hidden_states: torch.Tensor, aux_hidden_states: list[torch.Tensor] | None,
