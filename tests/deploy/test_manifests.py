@@ -550,7 +550,7 @@ def test_dockerfile_contract() -> None:
     ]
     instructions = [ln.split()[0] for ln in lines if re.match(r"^[A-Z]+\s", ln)]
     froms = [ln for ln in lines if ln.startswith("FROM ")]
-    assert froms == ["FROM vllm/vllm-openai:v0.33.0"]
+    assert froms == ["FROM vllm/vllm-openai:v0.34.0"]
     assert re.search(r"pip install [^\n]*--no-deps [^\n]*\.\s", text)
     assert 'ENTRYPOINT ["vllm", "serve"]' in lines
     assert "HEALTHCHECK" in instructions and "VOLUME" in instructions
