@@ -1,6 +1,7 @@
 """GPU check of the DARTree Triton kernels: correctness against the torch twins, then timings
 at Qwen3-8B shapes. Written for one H200, under 8 minutes; needs only torch and triton (it
-imports ``vllm_dartree.kernels`` and ``vllm_dartree.tree``, never vLLM).
+imports ``vllm_dartree.kernels``, ``vllm_dartree.tree`` and the vLLM-free
+``vllm_dartree.integration.verify_plan``, never vLLM).
 
 Checks (on the GPU; exit status 1 when any fails):
   top_b              top-B selection, kernel vs twin (exact, with ties).
@@ -20,7 +21,13 @@ Checks (on the GPU; exit status 1 when any fails):
                      (tokens, parents, depths, valid, num_nodes) for request counts in
                      different padded buckets, K, W and B as in the timings, for a Domino
                      head and a DSpark Markov head (rank 256, its per-depth context a
-                     zero-width buffer); on CUDA graphs must have been captured.
+                     zero-width buffer); on CUDA graphs must have been captured. The same
+                     capture serves V1 and V2 (``drafting.TreeDrafting`` captures it).
+  positions_buffer   V2: depth positions written into one persistent buffer that a CUDA
+                     graph captured (the target forward's positions), replayed over 3 steps
+                     of pruned trees: every tree row reads root + depth. (Tree attention on
+                     V2 runs the same Triton backend, metadata builder and page layout as on
+                     V1: the tree_attention page-view cases cover it.)
 
 Timings (median of many runs, CUDA events): tree build per step for every
 ``vllm_dartree.tree.build_tree`` variant (drafter hidden 4096, GRU 1024, E 256, K 64, W 12,
@@ -67,6 +74,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
+from vllm_dartree.integration.verify_plan import (  # noqa: E402
+    Proposal,
+    build_plan,
+    write_depth_positions,
+)
 from vllm_dartree.kernels import kv_compaction as kv  # noqa: E402
 from vllm_dartree.kernels import launch, topb  # noqa: E402
 from vllm_dartree.kernels import tree_attention as ta  # noqa: E402
@@ -78,7 +90,7 @@ from vllm_dartree.tree import (  # noqa: E402
     packed_ancestor_mask,
 )
 from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size  # noqa: E402
-from vllm_dartree.tree.types import DraftTree, padded_tree  # noqa: E402
+from vllm_dartree.tree.types import DraftTree, depth_first, padded_tree  # noqa: E402
 
 VARIANTS = ("chain", "ddtree", "fixed", "pruned", "sequential")
 GRAPH_VARIANTS = ("chain", "fixed", "pruned")  # the ones whose head calls CorrectionGraphs runs
@@ -429,6 +441,50 @@ def graphs_row(cfg: Config, variant: str, head: CorrectionHead, inputs: tuple,
             "max_score_diff": score_diff, "ok": not mismatched}
 
 
+def check_positions_buffer(cfg: Config, gen: torch.Generator) -> dict:
+    """V2: each step's depth positions go into one persistent buffer
+    (``verify_plan.write_depth_positions``, what ``DARTreeModelState.prepare_inputs`` does)
+    that the target forward's graphs captured: a graph reading it, replayed after each step's
+    write, sees that step's root + depth for every tree row (trees of the pruned builder,
+    depth-first; every request with B drafts after a prefill chunk of its own length)."""
+    requests = 4
+    head = make_head(cfg, gen, cfg.device)
+    with torch.inference_mode():
+        tree = depth_first(build(cfg, "pruned", head, tree_inputs(cfg, gen, requests)))
+    prefix = torch.randint(1, 9, (requests,), generator=gen)
+    scheduled = (prefix + 1 + cfg.budget).numpy()
+    ids = [f"r{i}" for i in range(requests)]
+    plan = build_plan(1, ids, [cfg.budget] * requests, scheduled,
+                      Proposal(0, {r: i for i, r in enumerate(ids)}, tree), {}, cfg.budget,
+                      torch.device(cfg.device))
+    rows = int(scheduled.sum())
+    buffer = torch.zeros(rows + 16, dtype=torch.int64, device=cfg.device)
+    seen = torch.zeros(rows, dtype=torch.int64, device=cfg.device)
+    graph = None
+    if cfg.device == "cuda":
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            seen.copy_(buffer[:rows] * 1)
+    failures = []
+    depths = tree.depths.cpu()
+    for step in range(3):
+        starts = [int(s) for s in torch.randint(0, 1000, (requests,), generator=gen)]
+        sequential = torch.cat([torch.arange(s, s + int(n)) for s, n in zip(starts, scheduled)])
+        write_depth_positions(buffer, sequential.to(cfg.device), plan)
+        if graph is None:
+            seen.copy_(buffer[:rows])
+        else:
+            graph.replay()
+        expected, offset = sequential.clone(), 0
+        for r in range(requests):
+            root = offset + int(scheduled[r]) - cfg.budget - 1
+            expected[root + 1: root + 1 + cfg.budget] = sequential[root] + depths[r]
+            offset += int(scheduled[r])
+        if not torch.equal(seen.cpu(), expected):
+            failures.append(step)
+    return {"ok": not failures, "graph": graph is not None, "steps": 3, "failures": failures}
+
+
 def check_correction_graphs(cfg: Config, gen: torch.Generator) -> dict:
     """Graphs vs eager trees for every request count of ``cfg.graph_requests`` and both head
     kinds; one graphs object per variant and head serves them all, as the proposer's does."""
@@ -621,6 +677,7 @@ def run_checks_and_timings(cfg: Config) -> dict:
              ("checks", "tree_attention", check_tree_attention),
              ("checks", "compaction", check_compaction),
              ("checks", "correction_graphs", check_correction_graphs),
+             ("checks", "positions_buffer", check_positions_buffer),
              ("timings", "tree_build", time_tree_build),
              ("timings", "top_b", time_top_b),
              ("timings", "tree_attention", time_tree_attention),

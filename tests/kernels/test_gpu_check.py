@@ -30,7 +30,9 @@ def test_dry_run_passes_every_check(tmp_path):
     assert report["mode"] == "dry-run" and report["all_ok"] is True
     assert report["environment"]["interpreter"] is True
     checks = report["checks"]
-    assert set(checks) == {"top_b", "tree_attention", "compaction", "correction_graphs"}
+    assert set(checks) == {"top_b", "tree_attention", "compaction", "correction_graphs",
+                           "positions_buffer"}
+    assert checks["positions_buffer"]["ok"] and checks["positions_buffer"]["steps"] == 3
     assert all(check["ok"] for check in checks.values())
     # Every kernel case also ran on the views of a vLLM page that production passes.
     for name in ("tree_attention", "compaction"):

@@ -59,18 +59,24 @@ def test_every_variant_matches_target_only(engines, tiny_target, tiny_domino, ba
     assert counters["num_drafts"] > 0
 
 
-DSPARK_VARIANTS = [
-    ("pruned", {"num_speculative_tokens": 24, "width": 6, "top_k": 16}),
-    ("chain", {"tree": "chain", "num_speculative_tokens": 7}),
-    ("fixed", {"tree": "fixed", "num_speculative_tokens": 24, "top_k": 16}),
+DRAFTER_VARIANTS = [
+    ("dspark-pruned", "tiny_dspark", {"num_speculative_tokens": 24, "width": 6, "top_k": 16}),
+    ("dspark-chain", "tiny_dspark", {"tree": "chain", "num_speculative_tokens": 7}),
+    ("dspark-fixed", "tiny_dspark", {"tree": "fixed", "num_speculative_tokens": 24,
+                                     "top_k": 16}),
+    # Reduced draft vocabularies (DSpark's d2t; a Domino head cut to 300 of 512 ids).
+    ("dspark-reduced-vocab", "tiny_dspark_reduced", {}),
+    ("domino-reduced-vocab", "tiny_domino_reduced", {}),
+    ("zlab-dflash-ddtree", "tiny_dflash", {"tree": "ddtree"}),
 ]
 
 
-@pytest.mark.parametrize(("name", "settings"), DSPARK_VARIANTS, ids=[v[0] for v in DSPARK_VARIANTS])
-def test_dspark_drafter_matches_target_only(engines, tiny_target, tiny_dspark, baseline, name,
-                                            settings):
-    llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_dspark, **settings),
-                      **BATCH)
+@pytest.mark.parametrize(("name", "drafter", "settings"), DRAFTER_VARIANTS,
+                         ids=[v[0] for v in DRAFTER_VARIANTS])
+def test_other_drafters_match_target_only(request, engines, tiny_target, baseline, name,
+                                          drafter, settings):
+    llm = engines.get(model=str(tiny_target), **BATCH, speculative_config=dartree(
+        request.getfixturevalue(drafter), **settings))
     assert generate_ids(llm, PROMPTS, greedy()) == baseline
 
 

@@ -162,6 +162,18 @@ def depth_position_values(plan: VerifyPlan, positions: torch.Tensor) -> torch.Te
     return (base + plan.tree.depths.gather(1, column)).to(positions.dtype)
 
 
+def write_depth_positions(buffer: torch.Tensor, sequential: torch.Tensor,
+                          plan: VerifyPlan | None) -> torch.Tensor:
+    """The step's positions in ``buffer[:n]`` (``n`` = len(sequential)): vLLM's sequential
+    ones, the tree rows at root + depth. V2's target forward (and the graphs captured for
+    it) reads this one persistent buffer; ``sequential`` stays untouched."""
+    positions = buffer[: sequential.shape[0]]
+    positions.copy_(sequential)
+    if plan is not None:
+        positions[plan.node_rows] = depth_position_values(plan, positions)
+    return positions
+
+
 def accepted_row_order(accepted: AcceptedPaths, num_tokens: int) -> torch.Tensor:
     """A permutation of the step's token rows putting each path's rows first, in path order.
 

@@ -26,8 +26,8 @@ from vllm_dartree.integration import tree_context
 from vllm_dartree.integration.step import TreeStep
 from vllm_dartree.integration.verify_plan import (
     VerifyPlan,
-    depth_position_values,
     needs_chain_verification,
+    write_depth_positions,
 )
 
 STEP_ATTR = "dartree_step"  # on the target model: the engine's TreeStep (set by the speculator)
@@ -88,12 +88,10 @@ class DARTreeModelState(DefaultModelState):
 
     def prepare_inputs(self, input_batch, req_states) -> dict[str, Any]:
         inputs = super().prepare_inputs(input_batch, req_states)
+        sequential = inputs.get("positions", input_batch.positions)
         count = input_batch.num_tokens_after_padding
-        positions = self.positions[:count]
-        positions.copy_(inputs.get("positions", input_batch.positions)[:count])
-        if self.plan is not None:
-            positions[self.plan.node_rows] = depth_position_values(self.plan, positions)
-        return {**inputs, "positions": positions}
+        return {**inputs, "positions": write_depth_positions(self.positions,
+                                                             sequential[:count], self.plan)}
 
     def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, Any]:
         return {**super().prepare_dummy_inputs(num_reqs, num_tokens),
