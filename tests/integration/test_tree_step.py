@@ -298,6 +298,33 @@ def test_no_host_sync_in_a_tree_step():
         assert syncs.calls == []
 
 
+def test_no_host_sync_in_a_v2_tree_step():
+    """The calls the V2 glue makes: plan, the plan's hand-over with the target layers' KV,
+    depth positions into the persistent buffer, acceptance from a given target choice, the
+    drafter context's row order, the tree build and hand-over: nothing waits for a GPU."""
+    from vllm_dartree.integration.verify_plan import write_depth_positions
+
+    gen = torch.Generator().manual_seed(8)
+    slot_mapping = torch.arange(24) + 50
+    step, _, _ = make_step(gen)
+    step.move_kv = lambda accepted, kv: compaction_pairs(accepted, slot_mapping)
+    step.verifier.stats._last_log = float("inf")
+    logits = torch.randn(18, VOCAB, generator=gen)
+    buffer = torch.zeros(32, dtype=torch.int64)
+    base_logits = torch.randn(5, 4, VOCAB, generator=gen)
+    hidden = torch.randn(5, 4, 16, generator=gen)
+    with HostSyncCounter() as syncs:
+        step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, CHAIN_TOKENS, False)
+        plan = step.verify_forward(kv_caches="the layers")
+        write_depth_positions(buffer, torch.arange(24), plan)
+        step.accept_with(lambda plan: logits.argmax(dim=-1), columns=BUDGET + 1)
+        torch.randn(24, 16)[step.accepted_order(24)]
+        tree = build_tree("pruned", base_logits, hidden, torch.arange(5), None,
+                          budget=BUDGET, top_k=8, width=3)
+        step.hand_over(REQ_IDS, tree)
+    assert plan is not None and syncs.calls == []
+
+
 def test_the_sync_counter_sees_syncs():
     x = torch.arange(6)
     with HostSyncCounter() as syncs:
