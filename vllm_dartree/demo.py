@@ -1,8 +1,9 @@
 """`make demo`: DARTree in vLLM's OpenAI server, on a local target/drafter pair.
 
-Starts ``vllm-dartree serve`` on 127.0.0.1 with ``--speculative-config {"method":"dartree",...}``,
-sends chat and completion requests, prints the answers, the tree variant and the mean
-acceptance length read from ``/metrics``, and stops the server.
+Serves the target on 127.0.0.1 twice with ``vllm-dartree serve``: plain decoding, then with
+``--speculative-config {"method":"dartree",...}``; sends the same chat and completion requests
+to each, prints DARTree's answers, the mean acceptance length read from ``/metrics`` and both
+decode speeds, and whether the answers equal plain decoding's.
 """
 
 from __future__ import annotations
@@ -65,6 +66,28 @@ PAIRS = {"smollm2": (smollm2_pair, SMOLLM2_PROMPTS, SMOLLM2_CHATS, 160),
          "tiny": (tiny_pair, TINY_PROMPTS, TINY_CHATS, 48)}
 
 
+def ask_all(target: Path, server_args: tuple[str, ...], requests: list, max_tokens: int,
+            log_name: str) -> tuple[list[str], int, float, str]:
+    """Serve ``target`` with ``server_args`` on 127.0.0.1, send ``requests`` one at a time
+    (greedy); -> (answers, completion tokens, seconds spent decoding, /metrics page)."""
+    from vllm_dartree.harness.server import http_json, http_text, running_server
+
+    answers, decoded, seconds = [], 0, 0.0
+    start = time.perf_counter()
+    with running_server(target, *server_args, served_name="demo", log_name=log_name) as base:
+        print(f"  server ready after {time.perf_counter() - start:.0f} s at {base}")
+        for path, body, _ in requests:
+            sent = time.perf_counter()
+            answer = http_json(base + path, {"model": "demo", "max_tokens": max_tokens,
+                                             "temperature": 0, **body})
+            seconds += time.perf_counter() - sent
+            decoded += answer["usage"]["completion_tokens"]
+            choice = answer["choices"][0]
+            answers.append(choice.get("text", choice.get("message", {}).get("content")))
+        metrics = http_text(base + "/metrics")
+    return answers, decoded, seconds, metrics
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="vllm-dartree demo")
     parser.add_argument("--tree", default="pruned", choices=["pruned", "fixed", "ddtree", "chain"])
@@ -73,44 +96,43 @@ def main(argv: list[str] | None = None) -> None:
                         "48 for tiny)")
     args = parser.parse_args(argv or [])
     apply_process_defaults()
-    from vllm_dartree.harness.server import http_json, http_text, metric_value, running_server
+    from vllm_dartree.harness.server import metric_value
 
     make_pair, prompts, chats, max_tokens = PAIRS[args.pair]
     max_tokens = args.max_tokens or max_tokens
     target, drafter, description = make_pair()
     speculative = {"method": "dartree", "model": str(drafter), "tree": args.tree}
     print(f"pair: {description}\n  target:  {target}\n  drafter: {drafter}")
-    print(f"starting: vllm-dartree serve {target.name} --speculative-config "
-          f"'{json.dumps(speculative)}'  (127.0.0.1, about 30 s on 2 cores)")
     start = time.perf_counter()
-    server_args = ("--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
-                   "--speculative-config", json.dumps(speculative))
-    decoded, decode_seconds = 0, 0.0
-    with running_server(target, *server_args, served_name="demo", log_name="demo.log") as base:
-        print(f"server ready after {time.perf_counter() - start:.0f} s at {base}\n")
-        requests = [("/v1/completions", {"prompt": p}, p) for p in prompts] + [
-            ("/v1/chat/completions", {"messages": [{"role": "user", "content": q}]}, q)
-            for q in chats]
-        for path, body, shown in requests:
-            sent = time.perf_counter()
-            answer = http_json(base + path, {"model": "demo", "max_tokens": max_tokens,
-                                             "temperature": 0, **body})
-            decode_seconds += time.perf_counter() - sent
-            decoded += answer["usage"]["completion_tokens"]
-            choice = answer["choices"][0]
-            text = choice.get("text", choice.get("message", {}).get("content"))
-            kind = "chat" if "messages" in body else "completion"
-            print(f"[{kind}] {shown!r}\n  -> {text!r}")
-        metrics = http_text(base + "/metrics")
+    plain_args = ("--dtype", "float32", "--max-model-len", "1024", "--enforce-eager")
+    requests = [("/v1/completions", {"prompt": p}, p) for p in prompts] + [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": q}]}, q)
+        for q in chats]
+    print(f"1/2 plain decoding, for comparison: vllm-dartree serve {target.name}")
+    plain, plain_tokens, plain_seconds, _ = ask_all(target, plain_args, requests, max_tokens,
+                                                    "demo_plain.log")
+    print(f"2/2 DARTree: vllm-dartree serve {target.name} --speculative-config "
+          f"'{json.dumps(speculative)}'  (127.0.0.1, about 30 s on 2 cores)")
+    answers, decoded, decode_seconds, metrics = ask_all(
+        target, (*plain_args, "--speculative-config", json.dumps(speculative)), requests,
+        max_tokens, "demo.log")
+    print()
+    for (path, _, shown), text in zip(requests, answers):
+        kind = "chat" if "chat" in path else "completion"
+        print(f"[{kind}] {shown!r}\n  -> {text!r}")
     drafts = metric_value(metrics, "vllm:spec_decode_num_drafts_total") or 0.0
     accepted = metric_value(metrics, "vllm:spec_decode_num_accepted_tokens_total") or 0.0
     mean = 1 + accepted / drafts if drafts else float("nan")
+    plain_speed, speed = plain_tokens / plain_seconds, decoded / decode_seconds
+    same = "identical to" if answers == plain else "DIFFERENT FROM"
     print(f"\ntree variant: {args.tree}   verify rounds: {drafts:.0f}   "
           f"accepted draft tokens: {accepted:.0f}")
-    print(f"mean acceptance length (tokens per target forward, bonus included): {mean:.2f}"
-          f"   decode speed: {decoded / decode_seconds:.1f} tokens/s "
-          f"({decoded} tokens, one request at a time, prefill included)")
-    print(f"total demo time {time.perf_counter() - start:.0f} s; server log: .cache/logs/demo.log")
+    print(f"mean acceptance length (tokens per target forward, bonus included): {mean:.2f}")
+    print(f"decode speed, one request at a time, prefill included: DARTree {speed:.1f} tok/s, "
+          f"plain decoding {plain_speed:.1f} tok/s ({speed / plain_speed:.2f}x); answers "
+          f"{same} plain decoding's")
+    print(f"total demo time {time.perf_counter() - start:.0f} s; server logs: "
+          ".cache/logs/demo.log, .cache/logs/demo_plain.log")
 
 
 if __name__ == "__main__":
