@@ -1,4 +1,4 @@
-"""Context held while the adaptive budget pauses drafting (``proposer.PendingContext``):
+"""Context held while the adaptive budget pauses drafting (``drafting.PendingContext``):
 written late, the drafter's cache ends up as if every step had written its own context."""
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ def drafter_caches(llm) -> list[torch.Tensor]:
     drafter = drafter_of(llm)
     layers = drafter.vllm_config.compilation_config.static_forward_context
     caches = []
-    for name in sorted(drafter._draft_attn_layer_names):
+    names = getattr(drafter, "draft_attn_layer_names", None)  # V2's, else V1's private one
+    for name in sorted(names or drafter._draft_attn_layer_names):
         cache = layers[name].kv_cache
         caches.append((cache[0] if isinstance(cache, (list, tuple)) else cache).clone())
     return caches
@@ -82,7 +83,7 @@ def test_held_context_is_written_as_each_step_would_have(engines, tiny_target, t
 def test_a_slot_held_twice_is_written_once_with_its_last_value():
     """A slot freed and reused within one hold: one batched write with a repeated slot
     keeps either value (threads race), so only the later write is handed over."""
-    from vllm_dartree.integration.v1.proposer import PendingContext
+    from vllm_dartree.integration.drafting import PendingContext
 
     pending = PendingContext(limit=100)
     pending.add(torch.tensor([[1.0], [2.0]]), torch.tensor([0, 1]), torch.tensor([5, 6]))

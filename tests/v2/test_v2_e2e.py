@@ -177,24 +177,36 @@ def test_chunked_prefill_and_preemption(engines, tiny_target, tiny_domino):
     assert generate_ids(llm, prompts, sampling) == expected
 
 
-def test_what_v2_does_not_run_yet_is_refused_before_weights_load(tiny_target, tiny_domino,
-                                                                 monkeypatch):
-    """The adaptive budget is V1-only for now: refused when vLLM builds the speculator
-    (before load_model), naming the key, the value and what V2 supports."""
-    from vllm_dartree.config import DARTreeConfigError
-    from vllm_dartree.harness.engine import build_llm
-    from vllm_dartree.integration.v2 import speculator
+ADAPTIVE = {"budget_policy": "adaptive", "num_speculative_tokens": 24, "width": 4,
+            "top_k": 8}
 
-    loads = []
-    monkeypatch.setattr(speculator.DARTreeSpeculator, "load_model",
-                        lambda self, model: loads.append(model))
-    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-    try:
-        with pytest.raises(DARTreeConfigError, match="'budget_policy' = 'adaptive' is not "
-                           "available on vLLM's V2 model runner yet .supported there: 'fixed'"):
-            build_llm(model=str(tiny_target), **BATCH,
-                      speculative_config=dartree(tiny_domino, budget_policy="adaptive"))
-    finally:
-        cleanup_dist_env_and_memory()  # the half-built engine's process-wide state
-    assert loads == []
+@pytest.mark.parametrize("width", [4, "auto"])
+def test_the_adaptive_budget_is_lossless_through_every_kind_of_step(engines, tiny_target,
+                                                                     tiny_domino, baseline,
+                                                                     width):
+    """The adaptive budget on V2: steps with the whole tree, part of it, no node, and steps
+    that do not draft (context held); each request's chosen count reaches vLLM's scheduler,
+    so rows not chosen are never scheduled; output stays target-only decoding's."""
+    from vllm_dartree.integration.budget_report import BudgetReport
+
+    llm = engines.get(model=str(tiny_target), **BATCH, speculative_config=dartree(
+        tiny_domino, **ADAPTIVE | {"width": width}))
+    steps: list[list[int] | None] = []
+    with BudgetReport.observing(steps.append):
+        assert generate_ids(llm, PROMPTS, greedy()) == baseline
+    drafted = [counts for counts in steps if counts is not None]
+    assert None in steps  # a step that did not draft
+    assert any(0 < sum(c) < 24 * len(c) for c in drafted)  # part of the trees
+    counters = spec_decode_counters(llm)
+    assert 0 < counters["num_draft_tokens"] < 24 * counters["num_drafts"]  # rows not verified
+    # What the scheduler was told each drafted step is what it scheduled: no row beyond.
+    assert counters["num_draft_tokens"] <= sum(sum(c) for c in drafted)
+
+
+def test_the_adaptive_budget_with_the_dspark_confidence_head(engines, tiny_target, tiny_dspark,
+                                                             baseline):
+    llm = engines.get(model=str(tiny_target), **BATCH, speculative_config=dartree(
+        tiny_dspark, **ADAPTIVE | {"width": 6, "top_k": 16}))
+    assert generate_ids(llm, PROMPTS, greedy()) == baseline
+    assert spec_decode_counters(llm)["num_drafts"] > 0

@@ -48,3 +48,15 @@ def test_dspark_head_at_tp2_matches_tp1_target_only(engines, tiny_target, tiny_d
         "method": "dartree", "model": str(tiny_dspark), "num_speculative_tokens": 24,
         "width": 6, "top_k": 16})
     assert generate_ids(llm, PROMPTS, greedy()) == tp1_target_only
+
+
+@pytest.mark.parametrize("width", [4, "auto"])
+def test_the_adaptive_budget_at_tp2_matches_tp1_target_only(engines, tiny_target, tiny_domino,
+                                                            tp1_target_only, one_core_per_rank,
+                                                            width):
+    """Rank 0's drafting decision on every rank; its counts are the scheduler's."""
+    llm = engines.get(model=str(tiny_target), **BATCH, **TP2, speculative_config={
+        "method": "dartree", "model": str(tiny_domino), "budget_policy": "adaptive",
+        "num_speculative_tokens": 24, "width": width, "top_k": 8})
+    assert generate_ids(llm, PROMPTS, greedy()) == tp1_target_only
+    assert spec_decode_counters(llm)["num_drafts"] > 0

@@ -89,8 +89,9 @@ def generate_ids(llm, prompts: list[list[int]], sampling_params) -> list[list[in
 
 
 def drafter_of(llm):
-    """The speculative proposer of an in-process engine (uni executor)."""
-    return llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter
+    """The drafter of an in-process engine (uni executor): V1's proposer, V2's speculator."""
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    return runner.drafter if hasattr(runner, "drafter") else runner.speculator
 
 
 def spec_decode_counters(llm) -> dict[str, Any]:

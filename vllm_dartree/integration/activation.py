@@ -227,11 +227,16 @@ class TritonTreeAttention(BackendOverride):
 def dartree_touchpoints() -> list[type[TouchPoint]]:
     """Every change activation makes to the installed vLLM, in the order it applies them:
     the tree core's (drafter architectures, tree attention backends), the V2 runner's
-    speculator choice where vLLM has no registry (0.32/0.33), and the V1 runner's glue
-    where vLLM still ships that runner (0.32/0.33)."""
+    (its speculator choice where vLLM has no registry, 0.32/0.33; the adaptive budget's
+    draft counts to the scheduler), and the V1 runner's glue where vLLM still ships that
+    runner (0.32/0.33)."""
     shared = [ActiveInEngineProcesses, DrafterArchitecture, DSparkDrafterArchitecture,
               CpuTreeAttention, TritonTreeAttention]
-    v2 = [V2SpeculatorChoice] if installed_release_in(PRE_REGISTRY_RELEASES) else []
+    from vllm_dartree.integration.v2.draft_counts import DRAFT_COUNT_PATCHES
+
+    v2 = [*DRAFT_COUNT_PATCHES]
+    if installed_release_in(PRE_REGISTRY_RELEASES):
+        v2.insert(0, V2SpeculatorChoice)
     if not installed_release_in(V1_RELEASES):
         return shared + v2
     from vllm_dartree.integration.compat import CPU_DEFECT_FIXES

@@ -17,7 +17,13 @@ from vllm_dartree.config import LAYOUT_ATTR, SETTINGS_ATTR, DARTreeConfig
 from vllm_dartree.integration.budget_report import BudgetReport
 from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.tree import DraftTree, build_tree, depth_first
-from vllm_dartree.tree.budget import AdaptiveBudget, AutoWidth, depth_leaders, with_confidence
+from vllm_dartree.tree.budget import (
+    AdaptiveBudget,
+    AutoWidth,
+    BudgetChoice,
+    depth_leaders,
+    with_confidence,
+)
 from vllm_dartree.tree.build import capture_all_shapes
 from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size
 
@@ -25,6 +31,61 @@ from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size
 def dartree_settings(vllm_config) -> DARTreeConfig | None:
     spec = getattr(vllm_config, "speculative_config", None)
     return getattr(spec, SETTINGS_ATTR, None)
+
+
+def same_on_every_rank(decision: bool) -> bool:
+    """Rank 0's ``decision`` on every rank of the tensor-parallel group (itself at TP=1)."""
+    from vllm.distributed.parallel_state import get_tp_group
+
+    group = get_tp_group()
+    if group.world_size == 1:
+        return decision
+    return bool(group.broadcast_object(decision, src=0))
+
+
+class PendingContext:
+    """Context the drafter's cache is owed: the target states, positions and cache slots of
+    the tokens committed by steps that did not draft, in step order.
+
+    Writing them late is exact. Only a drafted step's query reads the drafter's cache, and
+    every drafted step first writes whatever is pending; each write goes to the same slot,
+    in the same order, as it would have at its own step, so any slot a query reads holds
+    the same K/V (a slot freed and handed to another request is overwritten by the newer
+    write, as before). What it saves: per paused step the combining projection of the
+    target's layers and the K/V projections of every drafter layer, each a weight read for
+    a few rows (SmolLM2 pair on the CPU: 1.1 of 1.4 ms a step at batch 1, next to a 53 ms
+    AR step), paid instead once per pause as a batched matmul. ``limit`` (vLLM's
+    per-step token budget) bounds what is held: reaching it writes the lot.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.tokens = 0
+        self._parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def add(self, states: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> bool:
+        """Hold one step's context (copies: vLLM reuses these buffers); True when the
+        held tokens reached ``limit`` and should be written now."""
+        self._parts.append((states.clone(), positions.clone(), slots.clone()))
+        self.tokens += states.shape[0]
+        return self.tokens >= self.limit
+
+    def take(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Everything held, in step order, each slot once (None when nothing is held).
+
+        A slot freed and handed to another request within one hold appears twice; one
+        batched cache write with a repeated slot keeps either value (threads race), so only
+        the last write of each slot is kept: the one that would have stood last."""
+        parts, self._parts, self.tokens = self._parts, [], 0
+        if not parts:
+            return None
+        states, positions, slots = (torch.cat(column) for column in zip(*parts))
+        unique, which = torch.unique(slots, return_inverse=True)
+        order = torch.arange(slots.numel(), device=slots.device)
+        last = torch.full_like(unique, -1, dtype=order.dtype).scatter_reduce_(
+            0, which, order, reduce="amax")
+        keep = last.sort().values
+        return states[keep], positions[keep], slots[keep]
 
 
 class TreeDrafting:
@@ -53,6 +114,9 @@ class TreeDrafting:
                                              auto_width=self.auto_width)
                               if self.settings.adaptive else None)
         self.budget_report = BudgetReport() if self.settings.adaptive else None
+        # Context K/V owed to the drafter's cache by steps that did not draft.
+        self.pending_context = PendingContext(
+            vllm_config.scheduler_config.max_num_batched_tokens)
 
     def load_tree_head(self) -> None:
         """After the drafter model is loaded: its correction head and the head's graphs."""
@@ -131,6 +195,26 @@ class TreeDrafting:
             if variant != "chain" and self.budget_policy is None:
                 tree = depth_first(tree)  # verified depth-first: see tree.depth_first
         return tree
+
+    def drafts_this_step(self, num_requests: int) -> bool:
+        """The adaptive budget's call (always True without it); every tensor-parallel rank
+        takes rank 0's, since the drafter's forward and logits run collectives."""
+        policy = self.budget_policy
+        if policy is None:
+            return True
+        drafting = same_on_every_rank(policy.should_draft(num_requests))
+        if not drafting:
+            self.budget_report.record_no_drafting()
+        return drafting
+
+    def choose_nodes(self, tree: DraftTree, depth_hidden: torch.Tensor,
+                     root_tokens: torch.Tensor) -> BudgetChoice:
+        """The adaptive budget's nodes to verify: a subtree per request, in priority order,
+        and how many of each (the scheduler's draft counts)."""
+        tree = self.with_chain_confidence(tree, depth_hidden, root_tokens)
+        choice = self.budget_policy.choose(tree)
+        self.budget_report.record(choice, self.budget_policy, self.tree_width)
+        return choice
 
     def with_chain_confidence(self, tree: DraftTree, depth_hidden: torch.Tensor,
                               root_tokens: torch.Tensor) -> DraftTree:

