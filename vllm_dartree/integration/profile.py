@@ -12,15 +12,17 @@ numbers are for finding where time goes, not for headline speeds).
 Phases (summed over the layers of one forward where a phase recurs):
 
 ==================  ===========================================================
-drafter_forward     the drafter's block forward (``proposer._draft_block``)
+drafter_forward     the drafter's block forward (V1 ``proposer._draft_block``; V2 vLLM's
+                    DFlash ``propose``: context K/V and the query)
 drafter_logits      the drafter's logits over the vocabulary, per drafted depth
 tree_build          candidates, correction head, selection (``tree.build_tree``)
-target_forward      the target's verify forward, whole (``_model_forward``)
+target_forward      the target's verify forward, whole (V1: ``_model_forward``; V2: from the
+                    model state's inputs to the sampler, so the target's logits too)
 stock_attention     inside it: vLLM's attention kernel, every layer
 tree_attention      inside it: the tree rows recomputed, every layer
-target_logits       from the forward's end to acceptance: the target's logits at every
+target_logits       V1: from the forward's end to acceptance: the target's logits at every
                     verify row (its lm_head, a full-vocabulary matmul) and vLLM's work
-                    between its forward and its sampler
+                    between its forward and its sampler (V2: inside target_forward)
 accept              target choice at every row and the tree walk
 kv_compaction       the accepted path's KV moved to consecutive slots
 round               from one step's plan to the next (everything, host included)

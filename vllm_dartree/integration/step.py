@@ -73,7 +73,8 @@ class TreeStep:
         self._plan: VerifyPlan | None = None  # this step's verify layout
         self._kv_caches: Any = None  # the target layers' KV of this step's forward
         self._accepted: AcceptedPaths | None = None  # this step's paths, for the context
-        self._forward_end: float | None = None  # profile clock at the forward's end
+        self._forward_end: float | None = None  # profile clock at the forward's end (V1)
+        self._forward_start: float | None = None  # profile clock at the forward's start (V2)
 
     # ---- phase 1: plan (after vLLM laid the step's tokens out) --------------------------
     def plan(self, req_ids: list[str], num_drafts: list[int] | None,
@@ -135,6 +136,13 @@ class TreeStep:
             positions[plan.node_rows] = sequential
             self._forward_end = StepProfile.stamp(self.device)  # the target's logits follow
 
+    def forward_begins(self) -> None:
+        """V2: the target forward of this step's plan starts now (the profile's
+        ``target_forward`` then spans the forward and the target's logits: V2's runner
+        computes them before its sampler, with no hook between)."""
+        if self._plan is not None:
+            self._forward_start = StepProfile.stamp(self.device)
+
     def verify_forward(self, kv_caches: Any) -> VerifyPlan | None:
         """V2: the target forward about to run verifies this step's plan (None: it runs as
         vLLM plans it); ``kv_caches`` are its target layers' KV, for compaction. Depth
@@ -161,8 +169,11 @@ class TreeStep:
         kv_caches, self._kv_caches = self._kv_caches, None
         if plan is None:
             return None
-        StepProfile.since("target_logits", self._forward_end, self.device)
-        self._forward_end = None
+        if self._forward_start is not None:  # V2: forward and logits in one span
+            StepProfile.since("target_forward", self._forward_start, self.device)
+        else:
+            StepProfile.since("target_logits", self._forward_end, self.device)
+        self._forward_end = self._forward_start = None
         with StepProfile.phase("accept", self.device):
             choice = choose(plan)
         sampled, self._accepted = self.verifier.accept(

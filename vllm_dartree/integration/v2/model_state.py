@@ -90,8 +90,9 @@ class DARTreeModelState(DefaultModelState):
         inputs = super().prepare_inputs(input_batch, req_states)
         sequential = inputs.get("positions", input_batch.positions)
         count = input_batch.num_tokens_after_padding
-        return {**inputs, "positions": write_depth_positions(self.positions,
-                                                             sequential[:count], self.plan)}
+        positions = write_depth_positions(self.positions, sequential[:count], self.plan)
+        self.step.forward_begins()  # vLLM runs the target forward next
+        return {**inputs, "positions": positions}
 
     def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, Any]:
         return {**super().prepare_dummy_inputs(num_reqs, num_tokens),
