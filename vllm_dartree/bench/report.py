@@ -47,6 +47,8 @@ def render(results: dict[str, Any]) -> str:
     meta = results.get("meta", {})
     out = [f"# Speculative decoding benchmark: {meta.get('target_name', '')}", "",
            _setup_line(meta), ""]
+    if meta.get("speed_note"):
+        out += [f"**Note: {meta['speed_note']}.**", ""]
     for temp in temperatures:
         out += [f"## Temperature {temp:g}: speedup over AR and tau (macro, incl. bonus)", ""]
         out += _table(rows, temp, datasets, methods,
@@ -86,7 +88,9 @@ def _machine(meta: dict[str, Any]) -> str:
     return (f"{machine.get('cpus', '?')} x {machine.get('cpu', '?')} CPUs{isa}, {device}, "
             f"{machine.get('platform', '?')}, torch "
             f"{machine.get('torch', '?')}, vLLM {machine.get('vllm', '?')}, wall "
-            f"{meta.get('wall_s', '?')} s")
+            f"{meta.get('wall_s', '?')} s"
+            + (f", vLLM's {meta['runner_used'].upper()} model runner"
+               if meta.get("runner_used") else ""))
 
 
 def _lossless_lines(results: dict[str, Any]) -> list[str]:

