@@ -315,7 +315,7 @@ def test_no_host_sync_in_a_v2_tree_step():
     hidden = torch.randn(5, 4, 16, generator=gen)
     with HostSyncCounter() as syncs:
         step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, CHAIN_TOKENS, False)
-        plan = step.verify_forward(kv_caches="the layers")
+        plan = step.verify_forward(kv_caches=lambda: "the layers")
         write_depth_positions(buffer, torch.arange(24), plan)
         step.accept_with(lambda plan: logits.argmax(dim=-1), columns=BUDGET + 1)
         torch.randn(24, 16)[step.accepted_order(24)]

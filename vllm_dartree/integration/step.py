@@ -143,13 +143,13 @@ class TreeStep:
         if self._plan is not None:
             self._forward_start = StepProfile.stamp(self.device)
 
-    def verify_forward(self, kv_caches: Any) -> VerifyPlan | None:
+    def verify_forward(self, kv_caches: Callable[[], Any]) -> VerifyPlan | None:
         """V2: the target forward about to run verifies this step's plan (None: it runs as
-        vLLM plans it); ``kv_caches`` are its target layers' KV, for compaction. Depth
-        positions and the plan's hand-over to the attention backends are the V2 model
-        state's (it owns the positions buffer its forward reads)."""
+        vLLM plans it); ``kv_caches()`` (its target layers' KV, for compaction) is asked only
+        when there is a plan. Depth positions and the plan's hand-over to the attention
+        backends are the V2 model state's (it owns the positions buffer its forward reads)."""
         if self._plan is not None:
-            self._kv_caches = kv_caches
+            self._kv_caches = kv_caches()
         return self._plan
 
     # ---- phase 3: accept and compact, in place of vLLM's sampler ------------------------

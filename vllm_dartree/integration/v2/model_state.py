@@ -16,6 +16,7 @@ vLLM's V2 runner asks the target's model state for the step's attention metadata
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -62,24 +63,26 @@ class DARTreeModelState(DefaultModelState):
                        input_batch.num_scheduled_tokens[:num_reqs],
                        DraftsInBatch(input_batch),
                        verify_as_chain=self.batch_reads_drafted_prefix(input_batch))
-        self.plan = self.step.verify_forward(self._target_kv(metadata))
-        target = {id(m): m for m in self._target_metadata(metadata)}
-        tree_context.attach(target.values(), self.plan)
+        self.plan = self.step.verify_forward(lambda: self._target_kv(metadata))
+        # Also without a plan (None): a backend may hand out the same metadata object again.
+        tree_context.attach({id(m): m for _, m in self._target_layers(metadata)}.values(),
+                            self.plan)
         return metadata
 
-    def _target_metadata(self, metadata: dict[str, Any]) -> list[Any]:
+    def _target_layers(self, metadata: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
+        """(layer, attention metadata) of every target attention layer of this forward (the
+        drafter builds its own metadata; its layers are marked ``is_draft_layer``)."""
         layers = self.vllm_config.compilation_config.static_forward_context
-        return [m for name, m in metadata.items()
-                if m is not None and not getattr(layers.get(name), "is_draft_layer", False)]
+        for name, item in metadata.items():
+            layer = layers.get(name)
+            if item is not None and layer is not None and not getattr(layer, "is_draft_layer",
+                                                                      False):
+                yield layer, item
 
     def _target_kv(self, metadata: dict[str, Any]) -> list[tuple[torch.Tensor, str, Any]]:
         """(kv cache, isa, slot mapping) of every target attention layer of this forward."""
-        layers = self.vllm_config.compilation_config.static_forward_context
         found = []
-        for name, item in metadata.items():
-            layer = layers.get(name)
-            if item is None or layer is None or getattr(layer, "is_draft_layer", False):
-                continue
+        for layer, item in self._target_layers(metadata):
             kv_cache = layer.kv_cache
             if isinstance(kv_cache, (list, tuple)):  # one entry per virtual engine
                 kv_cache = kv_cache[0]
