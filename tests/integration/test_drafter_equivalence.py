@@ -49,7 +49,7 @@ class Captured:
     target_hidden_states: torch.Tensor  # [L, n*H] concatenated aux hidden states
     next_token_ids: torch.Tensor  # [1] the root
     query_positions: torch.Tensor  # [block] positions the drafter's queries ran at
-    depth_hidden: torch.Tensor  # [1, D, H] what _draft_block returned
+    depth_hidden: torch.Tensor  # [1, D, H] the depths of what _draft_block returned
     tree_tokens: torch.Tensor  # [1, B] what propose returned
 
 
@@ -75,7 +75,7 @@ def capture_first_draft(llm, prompt: list[int]) -> Captured:
                 target_hidden_states=target_hidden_states.clone(),
                 next_token_ids=next_token_ids.clone(),
                 query_positions=self.positions[:block].clone(),
-                depth_hidden=out.clone(),
+                depth_hidden=self.depth_hidden_of(out).clone(),
             )
         return out
 
