@@ -1,26 +1,30 @@
-"""One DARTree step, phase by phase, in the order vLLM's V1 model runner calls it.
+"""One DARTree step, phase by phase, as both of vLLM's model runners drive it.
 
-=====================================  ==========================  ===========================
-vLLM call (``GPUModelRunner``)         phase                       here
-=====================================  ==========================  ===========================
-``_prepare_inputs`` (after it)         plan                        :meth:`TreeStep.plan`
-``_model_forward`` (around it)         depth positions, tree mask  :meth:`TreeStep.target_forward`
-  each attention layer                 tree attention              ``cpu_attention`` /
-                                                                   ``gpu_attention`` (reads
-                                                                   ``tree_context``)
-``_sample`` (instead of it)            accept, KV compaction       :meth:`TreeStep.accept`
-                                                                   -> ``verifier.TreeVerifier``
-``drafter.propose``                    drafter context             :meth:`TreeStep.draft_context`
-                                       draft, tree build           ``proposer.DARTreeProposer``
-                                       hand the trees over         :meth:`TreeStep.hand_over`
-=====================================  ==========================  ===========================
+=====================  =============================  ============================  =========================
+phase                  V1 (``GPUModelRunner`` call)   V2 (hook)                     here
+=====================  =============================  ============================  =========================
+plan                   ``_prepare_inputs`` (after)    ``model_state.prepare_attn``  :meth:`TreeStep.plan`
+target's KV            ``_model_forward`` (around)    ``model_state.prepare_attn``  :meth:`~TreeStep.target_forward`
+                                                                                    / :meth:`~TreeStep.verify_forward`
+depth positions        ``_model_forward`` (around)    ``model_state.prepare_inputs``  ``target_forward`` /
+                                                                                    ``verify_plan.write_depth_positions``
+tree attention         each attention layer           each attention layer          ``cpu_attention`` /
+                                                                                    ``gpu_attention`` (``tree_context``)
+accept, KV compaction  ``_sample`` (instead)          ``rejection_sampler(...)``    :meth:`~TreeStep.accept` /
+                                                                                    :meth:`~TreeStep.accept_with`
+drafter context        ``drafter.propose``            ``speculator.propose``        :meth:`~TreeStep.draft_context` /
+                                                                                    :meth:`~TreeStep.accepted_order`
+draft, tree build      ``drafter.propose``            ``speculator.propose``        ``drafting.TreeDrafting``
+hand the trees over    ``drafter.propose``            ``speculator.propose``        :meth:`TreeStep.hand_over`
+=====================  =============================  ============================  =========================
 
 Data flows one way around the loop: proposal -> plan -> accepted paths -> drafter context
 -> proposal. Each piece of state is consumed by the phase that reads it, and :meth:`plan`
 (the first phase of every step) drops anything an earlier step left behind, so nothing can
 outlive the step it belongs to (vLLM skips ``propose`` for a whole batch near
-``max_model_len``). The runner patches (``runner.py``) translate vLLM's objects into the
-plain arguments used here; this module imports no vLLM.
+``max_model_len``). Each runner's glue (``v1/runner.py``; ``v2/model_state.py``,
+``v2/sampler.py``, ``v2/speculator.py``) translates vLLM's objects into the plain arguments
+used here; this module imports no vLLM.
 """
 
 from __future__ import annotations

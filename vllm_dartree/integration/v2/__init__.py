@@ -8,4 +8,7 @@ attention backends). Imports vLLM's V2 modules only; nothing here touches the V1
   ``get_model_state_cls`` (read by ``model_states.resolve_model_state_cls``).
 - ``sampler.TreeRejectionSampler``: acceptance, returned by the model state's
   ``custom_sampler``.
+- ``draft_counts``: the adaptive budget's per-request draft counts to vLLM's scheduler
+  (two declared patches of ``DraftTokensHandler``).
+- ``registry.DARTreeSpeculatorConfig``: "dartree" as a registered method (vLLM 0.34+).
 """
