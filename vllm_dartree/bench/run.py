@@ -229,9 +229,9 @@ def select_runner(runner: str | None) -> None:
         raise SystemExit(f"--runner {runner!r}: allowed are 'v1' and 'v2'")
     os.environ[RUNNER_ENV] = "1" if runner == "v2" else "0"
     if runner == "v2":
-        from vllm.triton_utils import HAS_TRITON
+        from vllm_dartree.integration.patching import vllm_sees_triton
 
-        if not HAS_TRITON:
+        if not vllm_sees_triton():
             raise SystemExit("--runner v2: vLLM's V2 model runner needs Triton with a backend "
                              "for this device, and this environment's Triton has none (on a "
                              "CPU: a Triton CPU backend); use --runner v1 or leave it unset")

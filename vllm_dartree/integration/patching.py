@@ -317,6 +317,13 @@ def installed_vllm_version() -> str:
     return str(getattr(vllm, "__version__", "unknown"))
 
 
+def vllm_sees_triton() -> bool:
+    """Whether vLLM found a Triton backend for this device (its V2 runner needs one)."""
+    from vllm.triton_utils import HAS_TRITON
+
+    return bool(HAS_TRITON)
+
+
 def release_minor(version: str) -> tuple[int, int]:
     major, minor = (int(p) for p in version.split("+")[0].split(".")[:2])
     return major, minor

@@ -96,6 +96,8 @@ NAMES: tuple[VllmName, ...] = _names(
     VllmName("vllm.platforms.interface:Platform.device_name"),
     VllmName("vllm.platforms.interface:Platform.import_kernels"),
     VllmName("vllm:__version__"),
+    VllmName("vllm.triton_utils:HAS_TRITON",
+             use="bench --runner v2 refuses an environment whose Triton has no backend"),
     # --- the request gate and the engine config
     VllmName("vllm.engine.arg_utils:EngineArgs.create_speculative_config",
              ("self", "target_model_config", "target_parallel_config"), exact=True,
