@@ -10,6 +10,7 @@ from variants import VARIANTS as TREE_VARIANTS
 
 from vllm_dartree.harness.engine import generate_ids, spec_decode_counters
 from vllm_dartree.models.tiny import TargetSpec, random_prompts
+from vllm_dartree.testing.draft_rpcs import counting_draft_rpcs
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +55,11 @@ def test_every_variant_matches_target_only(engines, tiny_target, tiny_domino, ba
     runner = runner_of(llm)
     assert isinstance(runner.speculator, DARTreeSpeculator)
     assert isinstance(runner.model_state, DARTreeModelState)
-    assert generate_ids(llm, PROMPTS, greedy()) == baseline
+    # The drafts come back with the sampled tokens: no take_draft_token_ids call of their own
+    # (integration/v2/draft_handoff.py).
+    with counting_draft_rpcs(llm) as draft_rpcs:
+        assert generate_ids(llm, PROMPTS, greedy()) == baseline
+    assert draft_rpcs == []
     counters = spec_decode_counters(llm)
     assert counters["num_drafts"] > 0
 
@@ -186,15 +191,17 @@ def test_the_adaptive_budget_is_lossless_through_every_kind_of_step(engines, tin
                                                                      tiny_domino, baseline,
                                                                      width):
     """The adaptive budget on V2: steps with the whole tree, part of it, no node, and steps
-    that do not draft (context held); each request's chosen count reaches vLLM's scheduler,
-    so rows not chosen are never scheduled; output stays target-only decoding's."""
+    that do not draft (context held); each request's chosen count reaches vLLM's scheduler
+    (with the sampled tokens, no call of its own), so rows not chosen are never scheduled;
+    output stays target-only decoding's."""
     from vllm_dartree.integration.budget_report import BudgetReport
 
     llm = engines.get(model=str(tiny_target), **BATCH, speculative_config=dartree(
         tiny_domino, **ADAPTIVE | {"width": width}))
     steps: list[list[int] | None] = []
-    with BudgetReport.observing(steps.append):
+    with BudgetReport.observing(steps.append), counting_draft_rpcs(llm) as draft_rpcs:
         assert generate_ids(llm, PROMPTS, greedy()) == baseline
+    assert draft_rpcs == []  # the counts travel with the sampled tokens too
     drafted = [counts for counts in steps if counts is not None]
     assert None in steps  # a step that did not draft
     assert any(0 < sum(c) < 24 * len(c) for c in drafted)  # part of the trees

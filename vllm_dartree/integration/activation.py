@@ -226,25 +226,28 @@ class TritonTreeAttention(BackendOverride):
 
 def dartree_touchpoints() -> list[type[TouchPoint]]:
     """Every change activation makes to the installed vLLM, in the order it applies them:
-    the tree core's (drafter architectures, tree attention backends), the V2 runner's
-    (its speculator choice where vLLM has no registry, 0.32/0.33; the adaptive budget's
-    draft counts to the scheduler), and the V1 runner's glue where vLLM still ships that
-    runner (0.32/0.33)."""
-    shared = [ActiveInEngineProcesses, DrafterArchitecture, DSparkDrafterArchitecture,
-              CpuTreeAttention, TritonTreeAttention]
+    the tree core's (drafter architectures, tree attention backends, the engine core's half
+    of the drafts' hand-over), the V2 runner's (its speculator choice where vLLM has no
+    registry, 0.32/0.33; the adaptive budget's draft counts to the scheduler; drafts with
+    the sampled tokens), and the V1 runner's glue where vLLM still ships that runner
+    (0.32/0.33)."""
+    from vllm_dartree.integration.draft_handoff import ENGINE_CORE_PATCHES
     from vllm_dartree.integration.v2.draft_counts import DRAFT_COUNT_PATCHES
+    from vllm_dartree.integration.v2.draft_handoff import DraftsWithAsyncOutput
 
-    v2 = [*DRAFT_COUNT_PATCHES]
+    shared = [ActiveInEngineProcesses, DrafterArchitecture, DSparkDrafterArchitecture,
+              CpuTreeAttention, TritonTreeAttention, *ENGINE_CORE_PATCHES]
+    v2 = [*DRAFT_COUNT_PATCHES, DraftsWithAsyncOutput]
     if installed_release_in(PRE_REGISTRY_RELEASES):
         v2.insert(0, V2SpeculatorChoice)
     if not installed_release_in(V1_RELEASES):
         return shared + v2
     from vllm_dartree.integration.compat import CPU_DEFECT_FIXES
-    from vllm_dartree.integration.v1.draft_handoff import DRAFT_HANDOFF_PATCHES
+    from vllm_dartree.integration.v1.draft_handoff import DraftsWithOutput
     from vllm_dartree.integration.v1.runner import RUNNER_PATCHES, DFlashProposerGlobal
 
     v1 = [DrafterBlockLookahead, *CPU_DEFECT_FIXES, DFlashProposerGlobal, *RUNNER_PATCHES,
-          *DRAFT_HANDOFF_PATCHES]
+          DraftsWithOutput]
     return shared + v2 + v1
 
 

@@ -71,6 +71,7 @@ def _names(*entries: VllmName) -> tuple[VllmName, ...]:
 
 
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+V2_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
 DFLASH = "vllm.v1.worker.gpu.spec_decode.dflash.speculator:DFlashSpeculator"
 DRAFT_SPECULATOR = "vllm.v1.worker.gpu.spec_decode.speculator:DraftModelSpeculator"
 MODEL_STATE = "vllm.v1.worker.gpu.model_states.default:DefaultModelState"
@@ -254,24 +255,34 @@ NAMES: tuple[VllmName, ...] = _names(
     V1Name(f"{RUNNER}._get_draft_token_ids_cpu", ("self",), exact=True,
              use="adaptive budget: a proposer's list[list[int]] (one length per request) "
              "goes to the scheduler as is"),
-    V1Name("vllm.v1.core.sched.scheduler:Scheduler.update_draft_token_ids",
+    # --- drafts returned with the sampled tokens (integration/draft_handoff.py, v1/, v2/)
+    VllmName("vllm.v1.core.sched.scheduler:Scheduler.update_draft_token_ids",
              ("self", "draft_token_ids"), exact=True,
-             use="adaptive budget: each request's spec_token_ids, any length; "
+             use="each request's spec_token_ids, any length (V1's adaptive budget); "
                  "draft_handoff calls it from post_step as vLLM does"),
-    # --- drafts returned with the sampled tokens (integration/draft_handoff.py)
+    VllmName("vllm.v1.core.sched.scheduler:Scheduler.update_from_output",
+             ("self", "scheduler_output", "model_runner_output"), exact=True,
+             use="wrapped: keeps the drafts that came with the output"),
+    VllmName("vllm.v1.engine.core:EngineCore.post_step", ("self", "model_executed"),
+             exact=True, use="wrapped: hands kept drafts to the scheduler without "
+             "executor.take_draft_token_ids (one RPC per step)"),
+    VllmName("vllm.v1.engine.core:EngineCore.scheduler"),
+    VllmName("vllm.v1.outputs:ModelRunnerOutput", use="the synchronous step output"),
+    VllmName("vllm.v1.outputs:ModelRunnerOutput.req_ids"),
     V1Name(f"{RUNNER}.sample_tokens", ("self", "grammar_output"), exact=True,
              use="wrapped: a dartree runner's output carries its next drafts"),
     V1Name(f"{RUNNER}.take_draft_token_ids", ("self",), exact=True,
              use="what the engine core's RPC would have returned"),
-    V1Name("vllm.v1.outputs:ModelRunnerOutput", use="the synchronous step output"),
-    V1Name("vllm.v1.outputs:ModelRunnerOutput.req_ids"),
-    V1Name("vllm.v1.core.sched.scheduler:Scheduler.update_from_output",
-             ("self", "scheduler_output", "model_runner_output"), exact=True,
-             use="wrapped: keeps the drafts that came with the output"),
-    V1Name("vllm.v1.engine.core:EngineCore.post_step", ("self", "model_executed"),
-             exact=True, use="wrapped: hands kept drafts to the scheduler without "
-             "executor.take_draft_token_ids (one RPC per step)"),
-    V1Name("vllm.v1.engine.core:EngineCore.scheduler"),
+    VllmName(f"{V2_RUNNER}.sample_tokens", ("self", "grammar_output"), exact=True,
+             use="wrapped: a dartree runner's AsyncOutput carries its next drafts"),
+    VllmName(f"{V2_RUNNER}.take_draft_token_ids", ("self",), exact=True,
+             use="what the engine core's RPC would have returned"),
+    VllmName(f"{V2_RUNNER}.speculator"),
+    VllmName(f"{V2_RUNNER}.vllm_config"),
+    VllmName("vllm.config.scheduler:SchedulerConfig.async_scheduling",
+             use="asynchronous scheduling: the engine never asks for drafts"),
+    VllmName("vllm.v1.worker.gpu.async_utils:AsyncOutput.model_runner_output",
+             use="the ModelRunnerOutput that get_output() returns, drafts attached"),
     V1Name(f"{RUNNER}._get_eagle3_aux_layers_from_config", ("self",), exact=True,
              use="reads a drafter's target layers from dflash_config only "
                  "(activation.expose_target_layers copies DSpark's there)"),
@@ -312,7 +323,7 @@ NAMES: tuple[VllmName, ...] = _names(
              releases=PRE_REGISTRY_RELEASES,
              use="patched module global (0.32/0.33: no registry): a dartree engine's "
                  "speculator is DARTreeSpeculator"),
-    VllmName("vllm.v1.worker.gpu.model_runner:GPUModelRunner.load_model",
+    VllmName(f"{V2_RUNNER}.load_model",
              use="calls speculator.load_model(target model) before init_model_state"),
     VllmName("vllm.v1.worker.gpu.model_states:resolve_model_state_cls",
              ("vllm_config", "model"), exact=True,

@@ -10,5 +10,7 @@ attention backends). Imports vLLM's V2 modules only; nothing here touches the V1
   ``custom_sampler``.
 - ``draft_counts``: the adaptive budget's per-request draft counts to vLLM's scheduler
   (two declared patches of ``DraftTokensHandler``).
+- ``draft_handoff``: the drafts ride back with the sampled tokens (no RPC per step; the
+  engine core's half is ``integration/draft_handoff.py``).
 - ``registry.DARTreeSpeculatorConfig``: "dartree" as a registered method (vLLM 0.34+).
 """
