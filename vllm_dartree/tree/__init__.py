@@ -1,5 +1,6 @@
 """Pure-torch draft-tree core: tree tensors, correction heads (Domino, DSpark Markov) behind
-one protocol, builders, acceptance."""
+one protocol, builders, acceptance; ``gdn``: tree verification through a Gated-DeltaNet layer
+(the reference for hybrid targets, not yet used by the engine)."""
 
 from vllm_dartree.tree.accept import AcceptResult, accept_tree
 from vllm_dartree.tree.build import VARIANTS, build_tree, stable_topk
