@@ -114,10 +114,13 @@ class DraftsInBatch:
 
     def __init__(self, input_batch) -> None:
         self.batch = input_batch
+        self.index_of: dict[str, int] | None = None  # built at the first read
 
     def get(self, req_id: str, default: list[int]) -> list[int]:
         batch = self.batch
-        index = list(batch.req_ids).index(req_id)
+        if self.index_of is None:
+            self.index_of = {req: i for i, req in enumerate(batch.req_ids)}
+        index = self.index_of[req_id]
         drafts = int(batch.num_draft_tokens_per_req[index])
         end = int(batch.query_start_loc_np[index + 1])
         return batch.input_ids[end - drafts:end].tolist() if drafts else default

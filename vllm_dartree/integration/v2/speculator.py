@@ -43,7 +43,7 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
     _speculator_name = "DARTree"
 
     def __init__(self, vllm_config, device: torch.device) -> None:
-        refuse_on_v2(vllm_config)  # before vLLM loads any weight
+        require_validated_settings(vllm_config)  # before vLLM loads any weight
         super().__init__(vllm_config, device)
         self.init_tree_drafting(vllm_config, device)
         # The query block: root + the mask slots a tree can use (<= B, so vLLM's per-request
@@ -174,8 +174,9 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
             None, CUDAGraphMode.NONE)
 
 
-def refuse_on_v2(vllm_config) -> None:
-    """What the V2 path cannot run, refused when vLLM builds the speculator."""
+def require_validated_settings(vllm_config) -> None:
+    """A dartree speculator only from settings the plugin validated (refused otherwise, when
+    vLLM builds the speculator)."""
     settings = dartree_settings(vllm_config)
     if settings is None:
         raise DARTreeConfigError(
