@@ -28,6 +28,9 @@ Checks (on the GPU; exit status 1 when any fails):
                      of pruned trees: every tree row reads root + depth. (Tree attention on
                      V2 runs the same Triton backend, metadata builder and page layout as on
                      V1: the tree_attention page-view cases cover it.)
+  gdn_tree           hybrid targets: the Gated-DeltaNet tree recurrence, kernel vs twin
+                     (``tree/gdn.py``) on random depth-first trees, fp32 and bf16; the
+                     committed state is left unchanged.
 
 Timings (median of many runs, CUDA events): tree build per step for every
 ``vllm_dartree.tree.build_tree`` variant (drafter hidden 4096, GRU 1024, E 256, K 64, W 12,
@@ -35,7 +38,10 @@ B 64, 16 depths, vocabulary 151936, fp32 head with the input-gate table; chain, 
 pruned also with the head's per-depth calls replayed from CUDA graphs), top-B vs its twin,
 tree attention for 1 + 64 rows over 1k/8k/32k context (32 query heads, 8 kv heads, head
 128, bf16, block 16, contiguous caches; KV split sweep) vs the twin, compaction of 36 layers
-(K and V caches) vs the twin.
+(K and V caches) vs the twin, and the GDN tree recurrence of one layer at Qwen3.6-27B shapes
+(48 value heads, K = V = 128, bf16 inputs, fp32 state) for trees of 16, 32 and 64 nodes
+against the same kernel on the 16-row chain a DFlash N = 15 verify runs, 1 and 8 requests
+(times 48 GDN layers for a step).
 
 Modes:
   --dry-run       CPU, Triton interpreter, tiny shapes: proves the script runs (tests use it).
@@ -79,8 +85,8 @@ from vllm_dartree.integration.verify_plan import (  # noqa: E402
     build_plan,
     write_depth_positions,
 )
+from vllm_dartree.kernels import gdn_tree, launch, topb  # noqa: E402
 from vllm_dartree.kernels import kv_compaction as kv  # noqa: E402
-from vllm_dartree.kernels import launch, topb  # noqa: E402
 from vllm_dartree.kernels import tree_attention as ta  # noqa: E402
 from vllm_dartree.tree import (  # noqa: E402
     CorrectionHead,
@@ -89,6 +95,7 @@ from vllm_dartree.tree import (  # noqa: E402
     build_tree,
     packed_ancestor_mask,
 )
+from vllm_dartree.tree.gdn import tree_gated_delta_rule  # noqa: E402
 from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size  # noqa: E402
 from vllm_dartree.tree.types import DraftTree, depth_first, padded_tree  # noqa: E402
 
@@ -126,6 +133,13 @@ class Config:
     # Request counts of the graphs check, in buckets 1, 4, 4, 8: 4 then 3 replays the bucket-4
     # graphs with a padding row that last held a real request.
     graph_requests: tuple[int, ...] = (1, 4, 3, 8)
+    # Hybrid GDN targets (Qwen3.6-27B: 48 GDN layers, 48 value heads, K = V = 128).
+    gdn_heads: int = 48
+    gdn_key: int = 128
+    gdn_value: int = 128
+    gdn_layers: int = 48
+    gdn_nodes: tuple[int, ...] = (16, 32, 64)
+    gdn_chain_rows: int = 16
 
 
 FULL = Config(device="cuda")
@@ -133,7 +147,8 @@ FULL = Config(device="cuda")
 DRY = Config(device="cpu", vocab=400, hidden=32, state=16, proj=16, depths=4, top_k=8,
              width=3, budget=8, heads=4, kv_heads=2, head_size=64, contexts=(40,),
              split_sweep=(1, 2), layers=2, cache_blocks=8, moved_pairs=6, repeats=2,
-             build_repeats=2, sequential_repeats=1, graph_requests=(1, 4, 3))
+             build_repeats=2, sequential_repeats=1, graph_requests=(1, 4, 3), gdn_heads=2,
+             gdn_key=16, gdn_value=40, gdn_layers=2, gdn_nodes=(6,), gdn_chain_rows=4)
 
 
 # ---------------------------------------------------------------------------------- timing
@@ -590,6 +605,72 @@ def time_compaction(cfg: Config, gen: torch.Generator) -> dict:
 
 
 # ---------------------------------------------------------------------------- compile-only
+def gdn_case(cfg: Config, gen: torch.Generator, requests: int, nodes: int,
+             dtype: torch.dtype, chain: bool = False) -> tuple:
+    """Arguments of ``gdn_tree.tree_gated_delta_rule_triton`` for random depth-first trees
+    (or chains) of ``nodes`` nodes, plus their parents for the twin."""
+    if chain:
+        parents = torch.arange(nodes).expand(requests, nodes).clone()
+    else:
+        parents = (torch.rand(requests, nodes, generator=gen) * (torch.arange(nodes) + 1)).long()
+    depths = torch.ones(requests, nodes, dtype=torch.int64)
+    for j in range(nodes):
+        above = depths.gather(1, (parents[:, j:j + 1] - 1).clamp(min=0)).squeeze(1)
+        depths[:, j] = torch.where(parents[:, j] == 0, 0, above) + 1
+    tree = depth_first(DraftTree(
+        tokens=torch.zeros(requests, nodes, dtype=torch.int64), parents=parents, depths=depths,
+        num_nodes=torch.full((requests,), nodes), valid=torch.ones(requests, nodes, dtype=bool),
+        scores=torch.zeros(requests, nodes)))
+    rows, heads, key, value = 1 + nodes, cfg.gdn_heads, cfg.gdn_key, cfg.gdn_value
+    q = torch.nn.functional.normalize(torch.randn(requests, rows, heads, key, generator=gen), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(requests, rows, heads, key, generator=gen), dim=-1)
+    inputs = [q * key ** -0.5, k, torch.randn(requests, rows, heads, value, generator=gen),
+              -torch.rand(requests, rows, heads, generator=gen),
+              torch.rand(requests, rows, heads, generator=gen)]
+    inputs = [t.to(dtype).to(cfg.device) for t in inputs]
+    state = torch.randn(requests, heads, key, value, generator=gen).to(cfg.device)
+    row_depths = torch.cat([torch.zeros(requests, 1, dtype=torch.int64), tree.depths], 1)
+    return (*inputs, state, row_depths.to(cfg.device), int(tree.depths.max()),
+            tree.parents_with_root().to(cfg.device))
+
+
+def check_gdn_tree(cfg: Config, gen: torch.Generator) -> dict:
+    failures, cases = [], 0
+    for dtype in (torch.float32, torch.bfloat16):
+        tolerance = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else \
+            {"rtol": 2 ** -7, "atol": 2e-2}
+        for requests, nodes in ((1, cfg.gdn_nodes[0]), (3, cfg.gdn_nodes[-1])):
+            *args, parents = gdn_case(cfg, gen, requests, nodes, dtype)
+            state = args[5].clone()
+            got = gdn_tree.tree_gated_delta_rule_triton(*args)
+            expected = tree_gated_delta_rule(*args[:6], parents)
+            cases += 1
+            close = torch.allclose(got.float(), expected.float(), **tolerance)
+            if not (close and torch.equal(state, args[5])):
+                failures.append({"dtype": str(dtype), "requests": requests, "nodes": nodes,
+                                 "max_abs_diff": float((got.float() - expected.float()).abs().max())})
+    return {"ok": not failures, "cases": cases, "failures": failures}
+
+
+def time_gdn_tree(cfg: Config, gen: torch.Generator) -> dict:
+    """One GDN layer's tree recurrence per verify step vs the chain of a DFlash verify."""
+    results = {}
+    for requests in (1, 8):
+        *chain, _ = gdn_case(cfg, gen, requests, cfg.gdn_chain_rows - 1, torch.bfloat16,
+                             chain=True)
+        row = {"chain_rows": cfg.gdn_chain_rows,
+               "chain": timed(lambda a=chain: gdn_tree.tree_gated_delta_rule_triton(*a),
+                              cfg.repeats, cfg.device)}
+        for nodes in cfg.gdn_nodes:
+            *tree, _ = gdn_case(cfg, gen, requests, nodes, torch.bfloat16)
+            row[f"tree{nodes}"] = timed(
+                lambda a=tree: gdn_tree.tree_gated_delta_rule_triton(*a), cfg.repeats,
+                cfg.device)
+            row[f"tree{nodes}_depth"] = tree[7]
+        results[f"R{requests}"] = row
+    return results
+
+
 AOT_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
              torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
              torch.uint8: "u8"}
@@ -646,6 +727,9 @@ def compile_launches(dry: bool) -> list[tuple[Callable, dict]]:
         caches = [torch.zeros(4, 16, 8, 128, dtype=dtype) for _ in range(2)]
         fn, _, kwargs = kv.copy_kv_slots_launch(caches, torch.arange(3), torch.arange(3))
         launches.append((fn, kwargs))
+    fn, _, kwargs = gdn_tree.gdn_tree_launch(*gdn_case(
+        replace(FULL, device="cpu", gdn_heads=2), gen, 1, 4, torch.bfloat16)[:8])
+    launches.append((fn, kwargs))
     scores = torch.zeros(2, 192)
     launches.append((topb._top_b_rows, dict(
         scores_ptr=scores, kept_ptr=torch.zeros(2, 64, dtype=torch.int64), n=192, b=64,
@@ -678,10 +762,12 @@ def run_checks_and_timings(cfg: Config) -> dict:
              ("checks", "compaction", check_compaction),
              ("checks", "correction_graphs", check_correction_graphs),
              ("checks", "positions_buffer", check_positions_buffer),
+             ("checks", "gdn_tree", check_gdn_tree),
              ("timings", "tree_build", time_tree_build),
              ("timings", "top_b", time_top_b),
              ("timings", "tree_attention", time_tree_attention),
-             ("timings", "compaction", time_compaction)]
+             ("timings", "compaction", time_compaction),
+             ("timings", "gdn_tree", time_gdn_tree)]
     for section, name, step in steps:
         begin = time.perf_counter()
         report[section][name] = step(cfg, gen)
@@ -710,6 +796,11 @@ def print_timings(timings: dict) -> None:
     row = timings["compaction"]
     print(f"  compaction {row['caches']} caches {row['pairs']} pairs  kernel "
           f"{row['kernel']['median_ms']:8.3f} ms  twin {row['twin']['median_ms']:8.3f} ms")
+    for requests, row in timings["gdn_tree"].items():
+        trees = "  ".join(f"{name} {value['median_ms']:8.3f} ms" for name, value in row.items()
+                          if name.startswith("tree") and not name.endswith("_depth"))
+        print(f"  gdn tree, one layer, {requests}: chain({row['chain_rows']} rows) "
+              f"{row['chain']['median_ms']:8.3f} ms  {trees}")
 
 
 def main(argv: list[str] | None = None) -> int:

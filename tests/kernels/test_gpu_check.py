@@ -31,7 +31,8 @@ def test_dry_run_passes_every_check(tmp_path):
     assert report["environment"]["interpreter"] is True
     checks = report["checks"]
     assert set(checks) == {"top_b", "tree_attention", "compaction", "correction_graphs",
-                           "positions_buffer"}
+                           "positions_buffer", "gdn_tree"}
+    assert checks["gdn_tree"]["cases"] == 4
     assert checks["positions_buffer"]["ok"] and checks["positions_buffer"]["steps"] == 3
     assert all(check["ok"] for check in checks.values())
     # Every kernel case also ran on the views of a vLLM page that production passes.
@@ -50,6 +51,8 @@ def test_dry_run_passes_every_check(tmp_path):
     for context in timings["tree_attention"].values():
         assert {"kernel_unsplit", "kernel_auto", "twin", "split_sweep"} <= set(context)
     assert timings["compaction"]["caches"] == 2 * report["config"]["layers"]
+    for row in timings["gdn_tree"].values():
+        assert row["chain"]["median_ms"] > 0 and row["tree6"]["median_ms"] > 0
 
 
 def test_kernels_compile_for_sm90(tmp_path):
@@ -60,5 +63,5 @@ def test_kernels_compile_for_sm90(tmp_path):
     report = json.loads(out.read_text())
     kernels = {row["kernel"] for row in report["compile"]["kernels"]}
     assert kernels == {"_tree_attention_fwd", "_merge_splits", "_copy_slots",
-                       "_top_b_rows"}
+                       "_top_b_rows", "_gdn_tree_rows"}
     assert all(row["ok"] for row in report["compile"]["kernels"])  # fits in shared memory
