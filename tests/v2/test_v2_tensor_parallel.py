@@ -44,10 +44,13 @@ def test_every_variant_at_tp2_matches_tp1_target_only(engines, tiny_target, tiny
 
 def test_dspark_head_at_tp2_matches_tp1_target_only(engines, tiny_target, tiny_dspark,
                                                     tp1_target_only, one_core_per_rank):
+    """The Markov head builds the trees; with the adaptive budget its confidence head is
+    the acceptance estimate rank 0 decides on."""
     llm = engines.get(model=str(tiny_target), **BATCH, **TP2, speculative_config={
         "method": "dartree", "model": str(tiny_dspark), "num_speculative_tokens": 24,
-        "width": 6, "top_k": 16})
+        "width": 6, "top_k": 16, "budget_policy": "adaptive"})
     assert generate_ids(llm, PROMPTS, greedy()) == tp1_target_only
+    assert spec_decode_counters(llm)["num_drafts"] > 0
 
 
 @pytest.mark.parametrize("width", [4, "auto"])
