@@ -327,7 +327,8 @@ NAMES: tuple[VllmName, ...] = _names(
              use="calls speculator.load_model(target model) before init_model_state"),
     VllmName("vllm.v1.worker.gpu.model_states:resolve_model_state_cls",
              ("vllm_config", "model"), exact=True,
-             use="honours the target model's get_model_state_cls (set by the speculator)"),
+             use="asked for vLLM's own choice (DARTreeModelState goes on top), then "
+                 "honours the target model's get_model_state_cls (set by the speculator)"),
     VllmName(f"{DFLASH}", use="subclassed by DARTreeSpeculator"),
     VllmName(f"{DFLASH}.__init__", ("self", "vllm_config", "device"), exact=True),
     VllmName(f"{DFLASH}.propose",
@@ -362,7 +363,7 @@ NAMES: tuple[VllmName, ...] = _names(
     VllmName("vllm.config.compilation:CompilationConfig.static_forward_context",
              use="the target layers (kv_cache, isa) for compaction"),
     VllmName("vllm.config.vllm:VllmConfig.compilation_config"),
-    VllmName(f"{MODEL_STATE}", use="subclassed by DARTreeModelState"),
+    VllmName(f"{MODEL_STATE}", use="under DARTreeModelState for attention targets"),
     VllmName(f"{MODEL_STATE}.__init__",
              ("self", "vllm_config", "model", "encoder_cache", "device"), exact=True),
     VllmName(f"{MODEL_STATE}.add_request", ("self", "req_index", "new_req_data"), exact=True),

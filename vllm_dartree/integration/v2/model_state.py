@@ -2,7 +2,10 @@
 
 vLLM's V2 runner asks the target's model state for the step's attention metadata
 (``prepare_attn``), for input overrides (``prepare_inputs``) and for its samplers
-(``custom_sampler``). This one is vLLM's default state plus, per step:
+(``custom_sampler``). ``DARTreeModelState`` adds, on top of the model state vLLM itself
+chose for the target (:func:`on_top_of`: ``DefaultModelState`` for attention models; a hybrid
+target's ``MambaHybridModelState`` keeps its recurrent-state bookkeeping, which a plain
+default state would silently drop), per step:
 
 - ``prepare_attn``: the verify plan (``TreeStep.plan``) laid over vLLM's batch, handed to
   the attention backends on the target layers' own metadata objects, and the target layers'
@@ -21,8 +24,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 
+from vllm_dartree.config import DARTreeConfigError
 from vllm_dartree.integration import tree_context
 from vllm_dartree.integration.step import TreeStep
 from vllm_dartree.integration.verify_plan import (
@@ -32,9 +35,13 @@ from vllm_dartree.integration.verify_plan import (
 )
 
 STEP_ATTR = "dartree_step"  # on the target model: the engine's TreeStep (set by the speculator)
+_COMPOSED: dict[type, type] = {}
 
 
-class DARTreeModelState(DefaultModelState):
+class DARTreeModelState:
+    """The tree step's hooks; a mixin over vLLM's model state (built by :func:`on_top_of`),
+    every hook calling vLLM's first."""
+
     def __init__(self, vllm_config, model, encoder_cache, device) -> None:
         super().__init__(vllm_config, model, encoder_cache, device)
         self.step: TreeStep = getattr(model, STEP_ATTR)
@@ -104,6 +111,13 @@ class DARTreeModelState(DefaultModelState):
     def custom_sampler(self, sampler: Any) -> tuple[Any, Any]:
         from vllm_dartree.integration.v2.sampler import TreeRejectionSampler
 
+        # vLLM's state may wrap the sampler; a rejection sampler of its own would be dropped.
+        sampler, rejection = super().custom_sampler(sampler) or (sampler, None)
+        if rejection is not None:
+            raise DARTreeConfigError(
+                f"the target's model state {type(self).__mro__[2].__name__} brings its own "
+                "rejection sampler; dartree verifies with its tree sampler and cannot run "
+                "with it (use a target whose model state keeps vLLM's)")
         return sampler, TreeRejectionSampler(sampler, self.vllm_config, self)
 
 
@@ -124,3 +138,15 @@ class DraftsInBatch:
         drafts = int(batch.num_draft_tokens_per_req[index])
         end = int(batch.query_start_loc_np[index + 1])
         return batch.input_ids[end - drafts:end].tolist() if drafts else default
+
+
+def on_top_of(stock: type) -> type:
+    """``DARTreeModelState`` over ``stock``, the model state vLLM resolves for the target
+    (one class per stock class, so engines of a process share it; a stock class that
+    already is one, from an earlier load of the same model, is kept)."""
+    if issubclass(stock, DARTreeModelState):
+        return stock
+    if stock not in _COMPOSED:
+        _COMPOSED[stock] = type(f"DARTree{stock.__name__}", (DARTreeModelState, stock),
+                                {"__module__": __name__})
+    return _COMPOSED[stock]

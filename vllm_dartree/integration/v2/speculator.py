@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.attention.backends.utils import PAD_SLOT_ID
+from vllm.v1.worker.gpu.model_states import resolve_model_state_cls
 from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
 
 from vllm_dartree.config import DARTreeConfigError
@@ -33,7 +34,7 @@ from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
 from vllm_dartree.integration.step import TreeStep
 from vllm_dartree.integration.v2.draft_counts import COUNTS_ATTR
-from vllm_dartree.integration.v2.model_state import STEP_ATTR, DARTreeModelState
+from vllm_dartree.integration.v2.model_state import STEP_ATTR, on_top_of
 from vllm_dartree.integration.verifier import TreeVerifier
 
 
@@ -61,10 +62,7 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
     def load_model(self, target_model: torch.nn.Module) -> None:
         super().load_model(target_model)
         self.load_tree_head()
-        # vLLM builds the target's model state right after this (``resolve_model_state_cls``
-        # honours a model's ``get_model_state_cls``): ours, sharing this engine's step.
-        setattr(target_model, STEP_ATTR, self.step)
-        target_model.get_model_state_cls = lambda: DARTreeModelState
+        install_model_state(self.vllm_config, target_model, self.step)
 
     def _generate_draft(self, num_reqs: int, num_tokens_padded: int, attn_metadata,
                         slot_mappings, num_tokens_across_dp,
@@ -172,6 +170,16 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
         manager = self.query_cudagraph_manager
         return manager is None or getattr(manager, "cudagraph_mode", None) in (
             None, CUDAGraphMode.NONE)
+
+
+def install_model_state(vllm_config, target_model: torch.nn.Module, step: TreeStep) -> None:
+    """vLLM builds the target's model state right after the speculator loads
+    (``resolve_model_state_cls`` honours a model's ``get_model_state_cls``): ours, sharing
+    this engine's step, over the one vLLM would have chosen, asked first."""
+    stock = resolve_model_state_cls(vllm_config, target_model)
+    setattr(target_model, STEP_ATTR, step)
+    state_cls = on_top_of(stock)
+    target_model.get_model_state_cls = lambda: state_cls
 
 
 def require_validated_settings(vllm_config) -> None:
