@@ -22,22 +22,15 @@ committed token, the step's first verified row), rows ``1..B`` the nodes, each p
 before its child; ``parents_with_root()`` gives every row's parent (the root's is itself,
 and is never read here). Batched over requests, every loop bound static, no host sync.
 Head layout: ``q``/``k`` already expanded to the value heads (GQA ``repeat_interleave``) and
-normalised/scaled as the layer does it; ``g`` (log decay, <= 0) and ``beta`` come from
-:func:`gdn_gates`.
+normalised/scaled as the layer does it; ``g`` (log decay,
+``-exp(A_log) * softplus(a + dt_bias)`` <= 0) and ``beta`` (``sigmoid(b)``) as the layer's
+gates compute them.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-
-def gdn_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor,
-              dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The layer's per-head log decay ``g = -exp(A_log) * softplus(a + dt_bias)`` and write
-    strength ``beta = sigmoid(b)`` (fp32), from its projections ``a``, ``b`` [..., H]."""
-    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())
-    return g, b.float().sigmoid()
 
 
 def conv_ancestors(parents: torch.Tensor, width: int) -> torch.Tensor:
