@@ -48,6 +48,31 @@ def tiny_dspark():
     return tiny_models.write_drafter(tiny_models.DrafterSpec(**DSPARK))
 
 
+# A hybrid target (Qwen3-Next: 3 GDN layers, then full attention) and drafters reading its
+# first GDN layer and its attention layer.
+HYBRID_DRAFTER = {"target": tiny_models.HybridTargetSpec(), "target_layer_ids": (0, 3)}
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid_target():
+    return tiny_models.write_hybrid_target()
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid_domino():
+    return tiny_models.write_drafter(tiny_models.DrafterSpec(**HYBRID_DRAFTER, domino=True))
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid_dspark():
+    return tiny_models.write_drafter(tiny_models.DrafterSpec(**HYBRID_DRAFTER, **DSPARK))
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid_dflash():
+    return tiny_models.write_drafter(tiny_models.DrafterSpec(**HYBRID_DRAFTER))
+
+
 @pytest.fixture(scope="session")
 def tiny_dspark_shared():
     """The same without its own embed_tokens / lm_head (vLLM shares the target's)."""

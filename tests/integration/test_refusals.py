@@ -32,8 +32,9 @@ def engine_config(model: str, drafter, **engine):
     register()  # the gate, as vLLM's plugin loader installs it
     speculative = {"method": "dartree", "model": str(drafter),
                    **engine.pop("speculative", {})}
-    return EngineArgs(model=model, skip_tokenizer_init=True, dtype="float32",
-                      speculative_config=speculative, **engine).create_engine_config()
+    engine.setdefault("dtype", "float32")
+    return EngineArgs(model=model, skip_tokenizer_init=True, speculative_config=speculative,
+                      **engine).create_engine_config()
 
 
 def refused(match: str, model: str, drafter, **engine) -> str:
@@ -71,6 +72,19 @@ def test_m_rope_targets_are_refused(tmp_path, tiny_domino):
 def test_recurrent_and_hybrid_targets_are_refused(tmp_path, tiny_domino, arch, fields):
     model = config_only_target(tmp_path, arch, architectures=[arch], **fields)
     refused(r"recurrent or hybrid", model, tiny_domino)
+
+
+@pytest.mark.parametrize("tree", ["pruned", "fixed", "ddtree"])
+def test_trees_on_a_hybrid_gdn_target_are_refused(tiny_hybrid_target, tiny_hybrid_domino, tree):
+    refused(rf"'tree' = '{tree}' would feed a tree's rows", str(tiny_hybrid_target),
+            tiny_hybrid_domino, dtype="bfloat16", speculative={"tree": tree})
+
+
+def test_a_chain_on_a_hybrid_gdn_target_passes_the_config_gate(tiny_hybrid_target,
+                                                               tiny_hybrid_domino):
+    config = engine_config(str(tiny_hybrid_target), tiny_hybrid_domino, dtype="bfloat16",
+                           speculative={"tree": "chain", "num_speculative_tokens": 7})
+    assert config.model_config.is_hybrid and config.speculative_config.dartree.tree == "chain"
 
 
 def test_cross_layer_kv_sharing_is_refused():
@@ -199,3 +213,18 @@ def test_v2_verification_settings_trees_cannot_honour_are_refused(tmp_path, tiny
 def test_context_parallelism_is_refused(key):
     problems = setup_problems(parallel=SimpleNamespace(pipeline_parallel_size=1, **{key: 2}))
     assert any(f"engine key '{key}' = 2 is not supported with dartree" in p for p in problems)
+
+
+@pytest.mark.e2e
+def test_a_hybrid_target_on_the_v1_runner_is_refused_before_weights_load(tiny_hybrid_target,
+                                                                         tiny_hybrid_domino):
+    """Chains on hybrid targets need V2's hybrid model state; V1 refuses them at runner
+    construction (vLLM picks the runner after the config gate)."""
+    from vllm_dartree.harness.engine import build_llm
+    from vllm_dartree.integration.compat import release_engine
+
+    with pytest.raises(DARTreeConfigError, match="runs it on vLLM's V2 model runner only"):
+        build_llm(model=str(tiny_hybrid_target), dtype="bfloat16", speculative_config={
+            "method": "dartree", "model": str(tiny_hybrid_domino), "tree": "chain",
+            "num_speculative_tokens": 7})
+    release_engine(None)  # the half-built engine's distributed state

@@ -20,6 +20,7 @@ PROBE = textwrap.dedent(
     import vllm.v1.attention.backends.registry as registry
     import vllm.v1.sample.rejection_sampler, vllm.utils.cpu_triton_utils
     import vllm.v1.core.sched.scheduler, vllm.v1.engine.core
+    import vllm.model_executor.layers.mamba.ops.cpu.gdn_attention
     from vllm import ModelRegistry
 
     import types
@@ -100,5 +101,6 @@ def test_activation_changes_exactly_the_declared_touchpoints():
     assert "CpuTreeAttention" in result["applied"]
     assert "TritonTreeAttention" not in result["applied"]
     assert {"V2SpeculatorChoice", "DrafterArchitecture", "ProposerSwap", "VerifyLayout",
-            "DepthPositions", "TreeSampler", "CpuExpandKernelFix"} <= set(result["applied"])
+            "DepthPositions", "TreeSampler", "CpuExpandKernelFix",
+            "CpuGdnConvWindowFix"} <= set(result["applied"])
     assert len(result["at_activation"]) >= 8  # the snapshot sees real changes

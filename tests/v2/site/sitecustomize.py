@@ -53,6 +53,45 @@ def _install() -> None:
     backends.backends.setdefault("cpu", Backend())
 
 
+def _patch_language_once_per_launch() -> None:
+    """Triton's interpreter re-patches triton.language (``inspect.getmembers`` over three
+    modules) at every call of a ``@triton.jit`` helper from inside a kernel, once per grid
+    program: a third of V2's time here went to vLLM's Gumbel sampler doing that for each
+    verified row. While a launch has the language patched, a helper call finds it patched
+    and skips the work. What runs is unchanged: the same interpreted operations."""
+    import inspect
+
+    import triton.language as tl
+    import triton.runtime.interpreter as interpreter
+
+    patch_lang = interpreter._patch_lang
+    patched: set[int] = set()  # ids of the language modules patched right now
+
+    class Unpatched:
+        @staticmethod
+        def restore() -> None:
+            pass
+
+    def patch_lang_once(fn):
+        langs = {id(v) for v in fn.__globals__.values()
+                 if inspect.ismodule(v) and v in (tl, tl.core)}
+        if langs and langs <= patched:
+            return Unpatched()
+        scope = patch_lang(fn)
+        patched.update(langs)
+        restore = scope.restore
+
+        def restore_and_forget() -> None:
+            restore()
+            patched.difference_update(langs)
+
+        scope.restore = restore_and_forget
+        return scope
+
+    interpreter._patch_lang = patch_lang_once
+
+
 if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")
     _install()
+    _patch_language_once_per_launch()

