@@ -19,6 +19,9 @@ from vllm_dartree.tree import DraftTree
 @pytest.mark.parametrize(("isa", "block_size", "head_size", "dtype"), [
     ("vec", 128, 32, torch.float32), ("vec16", 16, 32, torch.float32),
     ("vec", 32, 64, torch.float32), ("vec16", 16, 64, torch.bfloat16),
+    # A hybrid target's attention block (vLLM widens it to the GDN state's page): 1280
+    # tokens x 32 dims of bfloat16 codes need three base-128 digits, not two.
+    ("vec", 1280, 32, torch.bfloat16),
 ])
 def test_gather_and_copy_match_vllms_cache_writes(isa, block_size, head_size, dtype):
     from vllm import _custom_ops as ops

@@ -74,17 +74,22 @@ def test_recurrent_and_hybrid_targets_are_refused(tmp_path, tiny_domino, arch, f
     refused(r"recurrent or hybrid", model, tiny_domino)
 
 
-@pytest.mark.parametrize("tree", ["pruned", "fixed", "ddtree"])
-def test_trees_on_a_hybrid_gdn_target_are_refused(tiny_hybrid_target, tiny_hybrid_domino, tree):
-    refused(rf"'tree' = '{tree}' would feed a tree's rows", str(tiny_hybrid_target),
-            tiny_hybrid_domino, dtype="bfloat16", speculative={"tree": tree})
-
-
-def test_a_chain_on_a_hybrid_gdn_target_passes_the_config_gate(tiny_hybrid_target,
-                                                               tiny_hybrid_domino):
+@pytest.mark.parametrize("tree", ["chain", "pruned", "fixed", "ddtree"])
+def test_every_tree_on_a_qwen3_next_target_passes_the_config_gate(tiny_hybrid_target,
+                                                                 tiny_hybrid_domino, tree):
+    """Qwen3-Next's GDN layers verify tree rows on CPU (integration/cpu_gdn.py)."""
     config = engine_config(str(tiny_hybrid_target), tiny_hybrid_domino, dtype="bfloat16",
-                           speculative={"tree": "chain", "num_speculative_tokens": 7})
-    assert config.model_config.is_hybrid and config.speculative_config.dartree.tree == "chain"
+                           speculative={"tree": tree, "num_speculative_tokens": 16})
+    assert config.model_config.is_hybrid and config.speculative_config.dartree.tree == tree
+
+
+def test_trees_on_other_hybrid_targets_name_the_supported_ones(tmp_path, tiny_domino):
+    model = config_only_target(tmp_path, "jamba", architectures=["JambaForCausalLM"],
+                               model_type="jamba", attn_layer_period=2, attn_layer_offset=1,
+                               expert_layer_period=8, num_experts=1, mamba_d_state=16)
+    message = refused(r"'tree' = 'fixed' would feed a tree's rows", model, tiny_domino,
+                      speculative={"tree": "fixed"})
+    assert "Qwen3NextForCausalLM" in message
 
 
 def test_cross_layer_kv_sharing_is_refused():

