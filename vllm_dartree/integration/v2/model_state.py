@@ -73,10 +73,10 @@ class DARTreeModelState:
                        verify_as_chain=self.batch_reads_drafted_prefix(input_batch))
         self.plan = self.step.verify_forward(lambda: self._target_kv(metadata))
         layers = self.vllm_config.compilation_config.static_forward_context
-        self.recurrent_layers = cpu_gdn.gdn_layers(metadata, layers) if self.plan else []
+        recurrent = cpu_gdn.gdn_layers(metadata, layers)
+        self.recurrent_layers = recurrent if self.plan else []
         # Also without a plan (None): a backend may hand out the same metadata object again.
-        tree_context.attach({id(m): m for _, m in [*self._target_layers(metadata),
-                                                   *cpu_gdn.gdn_layers(metadata, layers)]
+        tree_context.attach({id(m): m for _, m in [*self._target_layers(metadata), *recurrent]
                              }.values(), self.plan)
         return metadata
 
@@ -89,8 +89,8 @@ class DARTreeModelState:
     def _target_layers(self, metadata: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
         """(layer, attention metadata) of every target attention layer of this forward (the
         drafter builds its own metadata; its layers are marked ``is_draft_layer``). A hybrid
-        target's GDN/Mamba layers have metadata without a slot mapping (their state is one
-        slot per request, vLLM's own): they are not attention layers here."""
+        target's GDN/Mamba layers have metadata without a slot mapping (their state lives in
+        per-request state slots, ``cpu_gdn``): they are not attention layers here."""
         layers = self.vllm_config.compilation_config.static_forward_context
         for name, item in metadata.items():
             layer = layers.get(name)
