@@ -73,6 +73,26 @@ def tiny_hybrid_dflash():
     return tiny_models.write_drafter(tiny_models.DrafterSpec(**HYBRID_DRAFTER))
 
 
+# Qwen3.5 in its released vision-language layout (M-RoPE; the Qwen3-Next layers' shapes, a
+# dense MLP), with drafters naming their backbone by its text-model path.
+QWEN3_5_DRAFTER = {**HYBRID_DRAFTER, "text_weight_prefix": "model.language_model."}
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_5_target():
+    return tiny_models.write_qwen3_5_target()
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_5_domino():
+    return tiny_models.write_drafter(tiny_models.DrafterSpec(**QWEN3_5_DRAFTER, domino=True))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_5_dflash():
+    return tiny_models.write_drafter(tiny_models.DrafterSpec(**QWEN3_5_DRAFTER))
+
+
 @pytest.fixture(scope="session")
 def tiny_dspark_shared():
     """The same without its own embed_tokens / lm_head (vLLM shares the target's)."""

@@ -200,3 +200,16 @@ def test_a_bad_dspark_config_names_its_field(changes, message):
     raw = dspark(*SIZES["Qwen3-4B"], **changes)
     with pytest.raises(DrafterConfigError, match=message):
         DrafterLayout.from_config(raw)
+
+
+@pytest.mark.parametrize(("name", "bare"), [
+    ("model.language_model.layers.0.self_attn.q_proj.weight", "layers.0.self_attn.q_proj.weight"),
+    ("language_model.embed_tokens.weight", "embed_tokens.weight"),
+    ("logit_head.prefix_gru.weight_ih_l0", "prefix_gru.weight_ih_l0"),
+    ("fc.weight", "fc.weight"), ("lm_head.weight", "lm_head.weight")])
+def test_drafter_weight_names_of_vision_language_releases_are_read_bare(name, bare):
+    """Qwen3.5/3.6 drafters may name their backbone by the target's text-model path; the
+    engine e2e on such a checkpoint: tests/v2/test_v2_hybrid.py (Qwen3.5)."""
+    from vllm_dartree.integration.drafter_model import bare_weight_name
+
+    assert bare_weight_name(name) == bare

@@ -11,6 +11,7 @@ from vllm_dartree.integration.verify_plan import (
     accepted_row_order,
     compaction_pairs,
     depth_position_values,
+    set_depth_positions,
 )
 from vllm_dartree.testing.plans import plan_of
 from vllm_dartree.tree import DraftTree
@@ -86,6 +87,14 @@ def test_accepted_path_rows_compaction_and_positions():
     positions = torch.arange(100, 120)
     assert step.node_rows.tolist() == [[11, 12, 13, 14, 15]]
     assert depth_position_values(step, positions).tolist() == [[111, 112, 111, 112, 113]]
+    # M-RoPE ([3 axes, N]): after an image the axes differ by the request's delta; each
+    # axis of a node is its root's + depth, as along a chain of text tokens.
+    mrope = torch.stack([positions, positions - 7, positions - 7])
+    set_depth_positions(mrope, step)
+    assert mrope[:, 11:16].tolist() == [[111, 112, 111, 112, 113], [104, 105, 104, 105, 106],
+                                        [104, 105, 104, 105, 106]]
+    assert torch.equal(mrope[:, :11], torch.stack([positions, positions - 7,
+                                                   positions - 7])[:, :11])
     accepted = AcceptedPaths(step, torch.tensor([[0, 3, 4, -1, -1]]), torch.tensor([3]))
     order = accepted_row_order(accepted, 20)
     # Segment rows 10..15 become [root, node3, node4, node1, node2, node5].

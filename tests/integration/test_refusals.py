@@ -56,10 +56,25 @@ def test_pipeline_parallel_is_refused(tmp_path, tiny_domino):
         distributed_executor_backend="mp")
 
 
-def test_m_rope_targets_are_refused(tmp_path, tiny_domino):
+def test_m_rope_targets_pass_the_config_gate(tmp_path, tiny_domino):
+    """M-RoPE targets run on V2 (tests/v2/test_v2_hybrid.py: a tiny Qwen3.5); V1 refuses
+    them when it builds its runner (below)."""
     model = config_only_target(tmp_path, "mrope", rope_scaling={
         "rope_type": "default", "mrope_section": [4, 6, 6]})
-    refused(r"uses M-RoPE", model, tiny_domino)
+    assert engine_config(model, tiny_domino).model_config.uses_mrope
+
+
+@pytest.mark.parametrize(("changes", "what"), [
+    ({"is_hybrid": True}, "is hybrid"), ({"has_inner_state": True}, "is hybrid"),
+    ({"uses_mrope": True}, "uses M-RoPE")])
+def test_the_v1_runner_refuses_targets_dartree_runs_on_v2_only(changes, what):
+    from vllm_dartree.integration.v1.runner import refuse_v2_only_target
+
+    plain = {"architectures": ["T"], "is_hybrid": False, "has_inner_state": False,
+             "uses_mrope": False}
+    refuse_v2_only_target(SimpleNamespace(**plain))  # attention-only, 1-D RoPE: runs on V1
+    with pytest.raises(DARTreeConfigError, match=f"target T {what}.*V2 model runner only"):
+        refuse_v2_only_target(SimpleNamespace(**plain | changes))
 
 
 @pytest.mark.parametrize(("arch", "fields"), [

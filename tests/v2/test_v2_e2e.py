@@ -217,3 +217,21 @@ def test_the_adaptive_budget_with_the_dspark_confidence_head(engines, tiny_targe
         tiny_dspark, **ADAPTIVE | {"width": 6, "top_k": 16}))
     assert generate_ids(llm, PROMPTS, greedy()) == baseline
     assert spec_decode_counters(llm)["num_drafts"] > 0
+
+
+def test_a_drafter_reading_target_layers_past_32_matches_target_only(engines):
+    """Qwen3.6-27B drafters read target layers [1, 16, 31, 46, 61] of 64: a 36-layer target
+    and a drafter reading layers 1, 33 and 35 (vLLM captures each layer's input: aux layers
+    2, 34, 36)."""
+    from vllm_dartree.models import tiny
+
+    deep = tiny.TargetSpec(num_hidden_layers=36)
+    target = tiny.write_target(deep)
+    drafter = tiny.write_drafter(tiny.DrafterSpec(target=deep, target_layer_ids=(1, 33, 35),
+                                                  domino=True))
+    expected = generate_ids(engines.get(model=str(target), **BATCH), PROMPTS, greedy())
+    llm = engines.get(model=str(target), **BATCH, speculative_config=dartree(
+        drafter, num_speculative_tokens=16, width=4, top_k=8))
+    assert runner_of(llm).model.model.aux_hidden_state_layers == (2, 34, 36)
+    assert generate_ids(llm, PROMPTS, greedy()) == expected
+    assert spec_decode_counters(llm)["num_drafts"] > 0

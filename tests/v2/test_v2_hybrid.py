@@ -1,6 +1,7 @@
-"""Hybrid Gated-DeltaNet targets on V2 (a tiny Qwen3-Next, bfloat16 as vLLM's CPU GDN
-requires): chains with the Domino head, the DSpark head and plain DFlash, fixed and adaptive,
-at TP=1 and TP=2, equal to target-only decoding (trees on hybrid targets are refused:
+"""Hybrid Gated-DeltaNet targets on V2 (a tiny Qwen3-Next and a tiny Qwen3.5 in its released
+vision-language layout with M-RoPE, bfloat16 as vLLM's CPU GDN requires): chains and trees
+with the Domino head, the DSpark head and plain DFlash, fixed and adaptive, at TP=1 and TP=2,
+equal to target-only decoding (trees on other hybrid targets are refused:
 tests/integration/test_refusals.py).
 
 vLLM's hybrid model state keeps the GDN state (one slot per draft position); the plugin's
@@ -19,7 +20,10 @@ window (``compat.CpuGdnConvWindowFix`` off) the adaptive chain crashes.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
+import torch
 
 from vllm_dartree.harness.engine import generate_ids, spec_decode_counters
 from vllm_dartree.integration import compat
@@ -56,14 +60,8 @@ def float32_greedy(target, prompt: list[int]) -> tuple[list[int], float]:
     return tokens, margin
 
 
-@pytest.fixture(scope="module")
-def clear_prompts(tiny_hybrid_target) -> tuple[list[list[int]], list[list[int]]]:
+def clear_prompts_of(target) -> tuple[list[list[int]], list[list[int]]]:
     """(prompts, float32 greedy outputs): the candidates whose margins stay >= MIN_MARGIN."""
-    import torch
-    from transformers import Qwen3NextForCausalLM
-
-    target = Qwen3NextForCausalLM.from_pretrained(str(tiny_hybrid_target),
-                                                  torch_dtype=torch.float32).eval()
     prompts, outputs = [], []
     for prompt in CANDIDATES:
         tokens, margin = float32_greedy(target, prompt)
@@ -72,6 +70,15 @@ def clear_prompts(tiny_hybrid_target) -> tuple[list[list[int]], list[list[int]]]
             outputs.append(tokens)
     assert len(prompts) >= 4, f"{len(prompts)} of {len(CANDIDATES)} prompts have clear margins"
     return prompts, outputs
+
+
+@pytest.fixture(scope="module")
+def clear_prompts(tiny_hybrid_target) -> tuple[list[list[int]], list[list[int]]]:
+    import torch
+    from transformers import Qwen3NextForCausalLM
+
+    return clear_prompts_of(Qwen3NextForCausalLM.from_pretrained(
+        str(tiny_hybrid_target), torch_dtype=torch.float32).eval())
 
 
 def dartree(drafter, **settings):
@@ -147,3 +154,86 @@ def test_tp2_on_a_hybrid_target_matches_target_only(engines, tiny_hybrid_target,
     prompts, expected = hybrid_target_only
     assert generate_ids(llm, prompts, greedy()) == expected
     assert spec_decode_counters(llm)["num_accepted_tokens"] > 0
+
+
+# Qwen3.5 as released (Qwen3_5ForConditionalGeneration, M-RoPE), text requests: the drafters
+# name their backbone by the target's text-model path ("model.language_model.").
+QWEN3_5_ENGINE = {**ENGINE, "language_model_only": True}  # no image processor here
+
+
+@pytest.fixture(scope="module")
+def qwen3_5_target_only(engines, tiny_qwen3_5_target):
+    import torch
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    prompts, float32_outputs = clear_prompts_of(Qwen3_5ForConditionalGeneration.from_pretrained(
+        str(tiny_qwen3_5_target), torch_dtype=torch.float32).eval())
+    llm = engines.get(model=str(tiny_qwen3_5_target), **QWEN3_5_ENGINE)
+    outputs = generate_ids(llm, prompts, greedy())
+    assert outputs == float32_outputs
+    return prompts, outputs
+
+
+@contextlib.contextmanager
+def tree_row_positions(runner):
+    """Per verify step of the target forward: (position axes, whether every tree row is at
+    its root's position + depth on every axis, whether a row's depth differs from its
+    offset behind the root, as in any branching tree)."""
+    from vllm_dartree.integration.verify_plan import depth_position_values
+
+    steps = []
+
+    def record(module, args, kwargs):
+        plan, positions = runner.model_state.plan, kwargs["positions"]
+        if plan is not None:
+            offset = plan.node_rows - plan.root_row.unsqueeze(1)
+            scheduled = torch.arange(offset.shape[1]) < plan.num_drafts.unsqueeze(1)
+            steps.append((positions.shape[0] if positions.dim() == 2 else 1,
+                          torch.equal(positions[..., plan.node_rows],
+                                      depth_position_values(plan, positions)),
+                          bool(((plan.tree.depths != offset) & scheduled).any())))
+
+    handle = runner.model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        yield steps
+    finally:
+        handle.remove()
+
+
+QWEN3_5_VARIANTS = [
+    ("domino-chain", "tiny_qwen3_5_domino", {"tree": "chain", "num_speculative_tokens": 7}, {}),
+    ("dflash-ddtree", "tiny_qwen3_5_dflash", {"tree": "ddtree", "num_speculative_tokens": 16},
+     {}),
+    ("domino-pruned-tp2", "tiny_qwen3_5_domino", {"num_speculative_tokens": 16, "width": 4,
+                                                  "top_k": 8}, TP2),
+]
+
+
+@pytest.mark.parametrize(("name", "drafter", "settings", "parallel"), QWEN3_5_VARIANTS,
+                         ids=[v[0] for v in QWEN3_5_VARIANTS])
+def test_qwen3_5_with_m_rope_matches_target_only(request, engines, tiny_qwen3_5_target,
+                                                qwen3_5_target_only, name, drafter, settings,
+                                                parallel):
+    """Every variant equals target-only decoding; at TP=1 the target forward's M-RoPE
+    positions are checked too: each tree row at its root's + depth on every axis (on this
+    fixture, rotary on 8 of 32 head dims, rows at sequential positions change no token)."""
+    if parallel:
+        request.getfixturevalue("one_core_per_rank")
+    llm = engines.get(model=str(tiny_qwen3_5_target), **QWEN3_5_ENGINE, **parallel,
+                      speculative_config=dartree(request.getfixturevalue(drafter), **settings))
+    prompts, expected = qwen3_5_target_only
+    if parallel:
+        assert generate_ids(llm, prompts, greedy()) == expected
+    else:
+        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        assert runner.model_state.rope_state is not None  # M-RoPE positions are in use
+        assert "MambaHybridModelState" in [c.__name__ for c in type(runner.model_state).__mro__]
+        with tree_row_positions(runner) as steps:
+            assert generate_ids(llm, prompts, greedy()) == expected
+        assert steps and all(axes == 3 and right for axes, right, _ in steps)
+        if settings.get("tree") != "chain":
+            assert any(branching for _, _, branching in steps)
+    counters = spec_decode_counters(llm)
+    assert counters["num_drafts"] > 0
+    if drafter == "tiny_qwen3_5_domino":
+        assert counters["num_accepted_tokens"] > 0

@@ -33,6 +33,18 @@ DOMINO_PREFIXES = ("prefix_gru.", "embed_proj.")
 MARKOV_PREFIXES = ("markov_head.", "confidence_head.")
 HEAD_PREFIXES = DOMINO_PREFIXES + MARKOV_PREFIXES
 LEGACY_HEAD_PREFIX = "logit_head."  # older Domino exports nest the head under this name
+# Drafters trained beside a vision-language target (Qwen3.5/3.6) may name their backbone by
+# the target's text-model path; vLLM's DFlash/DSpark loaders take the bare names.
+TEXT_MODEL_PREFIXES = ("model.language_model.", "language_model.")
+
+
+def bare_weight_name(name: str) -> str:
+    """A drafter checkpoint's weight name as vLLM's DFlash/DSpark loaders take it."""
+    name = name.removeprefix(LEGACY_HEAD_PREFIX)
+    for prefix in TEXT_MODEL_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
 
 
 def hf_config_dict(hf_config: Any) -> dict[str, Any]:
@@ -78,7 +90,7 @@ class DARTreeDraftModel(DFlashQwen3ForCausalLM):
 
         def backbone_only():
             for name, tensor in weights:
-                name = name.removeprefix(LEGACY_HEAD_PREFIX)
+                name = bare_weight_name(name)
                 if name.startswith(HEAD_PREFIXES):
                     head[name] = tensor
                 else:

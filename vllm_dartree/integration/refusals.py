@@ -24,8 +24,13 @@ def refuse_unsupported_setup(config: DARTreeConfig, engine_args: Any, model_conf
         raise DARTreeConfigError(f"{problem}; {SUPPORTED_TEXT}")
 
 
-# Hybrid targets whose recurrent layers are Qwen's Gated-DeltaNet, tested with trees here.
-GDN_TREE_ARCHITECTURES = ("Qwen3NextForCausalLM",)
+# Hybrid targets whose recurrent layers are Qwen's Gated-DeltaNet (vLLM's
+# QwenGatedDeltaNetAttention), tested with trees here: Qwen3-Next, and Qwen3.5 (also Qwen3.6
+# and 3.8 checkpoints) in its released vision-language format; the text-only and MoE classes
+# share its decoder.
+GDN_TREE_ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration",
+                          "Qwen3_5ForCausalLM", "Qwen3_5MoeForConditionalGeneration",
+                          "Qwen3_5MoeForCausalLM")
 
 
 def tree_rows_in_recurrent_layers(model_config: Any) -> bool:
@@ -51,9 +56,6 @@ def setup_problems(config: DARTreeConfig, engine_args: Any, model_config: Any,
                         "only (use 1; tensor and data parallelism work)")
     text = model_config.hf_text_config
     arch = ", ".join(model_config.architectures or [])
-    if model_config.uses_mrope:
-        problems.append(f"target {arch} uses M-RoPE (multi-axis positions); dartree's depth "
-                        "positions are 1-D (supported: targets with 1-D RoPE)")
     if model_config.is_attention_free or (
             (model_config.is_hybrid or model_config.has_inner_state) and config.tree != "chain"
             and not tree_rows_in_recurrent_layers(model_config)):

@@ -151,15 +151,26 @@ def gather_trees(req_ids: list[str], proposal: Proposal | None,
 
 
 def depth_position_values(plan: VerifyPlan, positions: torch.Tensor) -> torch.Tensor:
-    """[T, B] positions to write at ``plan.node_rows``: root position + node depth.
+    """[..., T, B] positions to write at ``plan.node_rows``: root position + node depth, for
+    1-D positions ([N]) and M-RoPE's per-axis ones ([axes, N]) alike.
 
+    A chain of text tokens advances every M-RoPE axis by one per token (text rows have equal
+    components, offset by the request's image delta), so each axis of a node at depth d is
+    the root's value on that axis + d: what the chain through that node would have had.
     Padded columns repeat the last scheduled node's row and value, so their duplicate
     writes are identical.
     """
-    base = positions[plan.root_row].to(torch.int64).unsqueeze(1)
+    base = positions[..., plan.root_row].to(torch.int64).unsqueeze(-1)
     last = (plan.num_drafts - 1).clamp(min=0).unsqueeze(1)
     column = torch.minimum(torch.arange(plan.tree.budget, device=last.device), last)
     return (base + plan.tree.depths.gather(1, column)).to(positions.dtype)
+
+
+def set_depth_positions(positions: torch.Tensor, plan: VerifyPlan | None) -> torch.Tensor:
+    """The tree rows of ``positions`` ([N] or [axes, N]) set to root + depth, in place."""
+    if plan is not None:
+        positions[..., plan.node_rows] = depth_position_values(plan, positions)
+    return positions
 
 
 def write_depth_positions(buffer: torch.Tensor, sequential: torch.Tensor,
@@ -169,9 +180,7 @@ def write_depth_positions(buffer: torch.Tensor, sequential: torch.Tensor,
     it) reads this one persistent buffer; ``sequential`` stays untouched."""
     positions = buffer[: sequential.shape[0]]
     positions.copy_(sequential)
-    if plan is not None:
-        positions[plan.node_rows] = depth_position_values(plan, positions)
-    return positions
+    return set_depth_positions(positions, plan)
 
 
 def accepted_row_order(accepted: AcceptedPaths, num_tokens: int) -> torch.Tensor:

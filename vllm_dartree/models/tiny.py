@@ -67,6 +67,9 @@ class DrafterSpec:
     # DSpark only: ship own embed_tokens / lm_head copies (DeepSpec's export); without them
     # vLLM shares the target's.
     own_embeddings: bool = True
+    # Prefix of the backbone's weight names: "model.language_model." as in drafters trained
+    # beside a vision-language target (Qwen3.5/3.6), "" as in z-lab's DFlash.
+    text_weight_prefix: str = ""
     init_std: float = 0.1
     seed: int = 1
 
@@ -264,6 +267,65 @@ def write_hybrid_target(spec: HybridTargetSpec = HybridTargetSpec()) -> Path:
     return _cached_dir("qwen3next", spec, write)
 
 
+def qwen3_5_config(spec: HybridTargetSpec) -> dict:
+    """Qwen3.5 as released (``Qwen3_5ForConditionalGeneration``: a text model with Qwen3-Next's
+    GDN and attention layers, a dense MLP, M-RoPE over 3 axes; a vision tower, one tiny
+    block here). Text rows' axes are equal, so text requests decode as with 1-D RoPE."""
+    text = {key: value for key, value in qwen3_next_config(spec).items() if key in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "layer_types",
+        "num_attention_heads", "num_key_value_heads", "head_dim", "linear_num_key_heads",
+        "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+        "linear_conv_kernel_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps",
+        "tie_word_embeddings", "bos_token_id", "eos_token_id")}
+    rotary_half = int(spec.head_dim * 0.25) // 2  # M-RoPE sections split the rotary half
+    text["rope_parameters"] = {
+        "rope_type": "default", "rope_theta": TINY_ROPE_THETA, "partial_rotary_factor": 0.25,
+        "mrope_section": [rotary_half - 2 * (rotary_half // 4)] + [rotary_half // 4] * 2,
+        "mrope_interleaved": True}
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+              "out_hidden_size": spec.hidden_size, "patch_size": 16, "spatial_merge_size": 2,
+              "temporal_patch_size": 2, "num_position_embeddings": 64}
+    # Vision token ids past the vocabulary: no text token is one (a vision-start id in a
+    # random prompt would make M-RoPE look for an image there).
+    top = spec.vocab_size
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": {**text, "model_type": "qwen3_5_text"},
+        "vision_config": {**vision, "model_type": "qwen3_5_vision"},
+        "image_token_id": top, "video_token_id": top + 1, "vision_start_token_id": top + 2,
+        "vision_end_token_id": top + 3, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def write_qwen3_5_target(spec: HybridTargetSpec = HybridTargetSpec()) -> Path:
+    """A random Qwen3.5 checkpoint in the released vision-language layout (text weights
+    under ``model.language_model.``, bfloat16), its matrices drawn as
+    :func:`write_hybrid_target` draws them (``spec``'s MoE fields are unused: dense MLP).
+    Serve it with ``language_model_only=True`` (no image processor here)."""
+
+    def write(out: Path) -> None:
+        from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+        config = qwen3_5_config(spec)
+        torch.manual_seed(spec.seed)
+        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(**{
+            key: value for key, value in config.items()
+            if key not in ("architectures", "model_type", "torch_dtype")}))
+        gen = torch.Generator().manual_seed(spec.seed)
+        with torch.no_grad():
+            for name, weight in sorted(model.named_parameters()):
+                if weight.dim() == 2:
+                    std = (1.0 if name.endswith("embed_tokens.weight") else spec.init_std
+                           if name == "lm_head.weight" else spec.layer_std)
+                    weight.copy_(_normal(gen, std, *weight.shape))
+        model.to(torch.bfloat16).save_pretrained(out)
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+
+    return _cached_dir("qwen3_5", spec, write)
+
+
 def drafter_layout(spec: DrafterSpec) -> DrafterLayout:
     """The layout of a DFlash (z-lab), Domino or DSpark drafter for ``spec.target``."""
     t = spec.target
@@ -327,7 +389,10 @@ def drafter_weights(spec: DrafterSpec) -> dict[str, torch.Tensor]:
         }
     if spec.dspark:
         weights |= dspark_weights(spec, gen)
-    return weights
+    top_level = ("prefix_gru.", "embed_proj.", "markov_head.", "confidence_head.", "lm_head.",
+                 "d2t", "t2d")
+    return {name if name.startswith(top_level) else spec.text_weight_prefix + name: tensor
+            for name, tensor in weights.items()}
 
 
 def dspark_kept_target_ids(spec: DrafterSpec) -> torch.Tensor:

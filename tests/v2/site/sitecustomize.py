@@ -91,7 +91,37 @@ def _patch_language_once_per_launch() -> None:
     interpreter._patch_lang = patch_lang_once
 
 
+def _qwen2_vl_image_processor_without_torchvision() -> None:
+    """vLLM's Qwen3-VL module, which Qwen3.5's imports, imports ``smart_resize`` from
+    transformers' torchvision image processor module, which imports torchvision at its top.
+    PyPI's torchvision is a CUDA build that cannot load beside torch+cpu (the project removes
+    it), so Qwen3.5 would not import here. Without torchvision, an import of that module gets
+    transformers' PIL twin (the same ``smart_resize``; transformers itself falls back to the
+    PIL processor then). Text-only requests never process an image."""
+    import importlib.abc
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("torchvision") is not None:
+        return
+    name = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
+
+    class PilTwin(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, fullname, path=None, target=None):
+            return importlib.util.spec_from_loader(fullname, self) if fullname == name else None
+
+        def create_module(self, spec):
+            return importlib.import_module(
+                "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+
+        def exec_module(self, module) -> None:
+            pass
+
+    sys.meta_path.insert(0, PilTwin())
+
+
 if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")
     _install()
     _patch_language_once_per_launch()
+    _qwen2_vl_image_processor_without_torchvision()

@@ -51,7 +51,7 @@ class ProposerSwap(VllmPatch):
         def __init__(self, vllm_config, *args, **kwargs):
             if dartree_settings(vllm_config) is None:
                 return original(self, vllm_config, *args, **kwargs)
-            refuse_hybrid_target(vllm_config.model_config)
+            refuse_v2_only_target(vllm_config.model_config)
             with DFlashProposerGlobal.swapped(DARTreeProposer):
                 original(self, vllm_config, *args, **kwargs)
             step = TreeStep(self.drafter.budget, self.device, TreeVerifier(), kv_mover(self.device),
@@ -62,15 +62,22 @@ class ProposerSwap(VllmPatch):
         return __init__
 
 
-def refuse_hybrid_target(model_config) -> None:
-    """Hybrid targets' chains need vLLM's V2 hybrid model state (one recurrent-state slot
-    per draft position); V1's runner is not wired for them here (before weights load)."""
+def refuse_v2_only_target(model_config) -> None:
+    """Targets dartree runs on vLLM's V2 runner only, refused on V1 before weights load:
+    hybrid targets (their chains need V2's hybrid model state, one recurrent-state slot per
+    draft position) and M-RoPE targets (V2's per-axis positions buffer carries the tree
+    rows' depth positions; V1's path is not wired for them)."""
+    arch = ", ".join(model_config.architectures or [])
     if model_config.is_hybrid or model_config.has_inner_state:
-        raise DARTreeConfigError(
-            f"target {', '.join(model_config.architectures or [])} is hybrid (Mamba/linear "
-            "attention layers): dartree runs it on vLLM's V2 model runner only, and this "
-            "engine runs V1 (set VLLM_USE_V2_MODEL_RUNNER=1 where vLLM offers V2, or use "
-            f"an attention-only target); {SUPPORTED_TEXT}")
+        what = "is hybrid (Mamba/linear attention layers)"
+    elif model_config.uses_mrope:
+        what = "uses M-RoPE (multi-axis positions)"
+    else:
+        return
+    raise DARTreeConfigError(
+        f"target {arch} {what}: dartree runs it on vLLM's V2 model runner only, and this "
+        "engine runs V1 (set VLLM_USE_V2_MODEL_RUNNER=1 where vLLM offers V2, or use a "
+        f"target with attention layers only and 1-D RoPE); {SUPPORTED_TEXT}")
 
 
 class VerifyLayout(VllmPatch):

@@ -13,7 +13,9 @@ default state would silently drop), per step:
 - ``prepare_inputs``: depth positions (root + node depth) for the tree rows, in one
   persistent buffer (graph replays read captured addresses); ``input_batch.positions``
   stays sequential, so slot mappings, the sampler's bookkeeping and the drafter's context
-  see sequential positions;
+  see sequential positions. An M-RoPE target reads vLLM's per-axis positions buffer
+  (``RopeState``, rebuilt every step): its tree rows get root + depth on every axis, in
+  that buffer;
 - ``custom_sampler``: ``sampler.TreeRejectionSampler``.
 """
 
@@ -31,6 +33,7 @@ from vllm_dartree.integration.step import TreeStep
 from vllm_dartree.integration.verify_plan import (
     VerifyPlan,
     needs_chain_verification,
+    set_depth_positions,
     write_depth_positions,
 )
 
@@ -110,15 +113,20 @@ class DARTreeModelState:
 
     def prepare_inputs(self, input_batch, req_states) -> dict[str, Any]:
         inputs = super().prepare_inputs(input_batch, req_states)
-        sequential = inputs.get("positions", input_batch.positions)
         count = input_batch.num_tokens_after_padding
-        positions = write_depth_positions(self.positions, sequential[:count], self.plan)
+        # 1-D depth positions: the target's (without M-RoPE) and the tree sampler's.
+        positions = write_depth_positions(self.positions, input_batch.positions[:count],
+                                          self.plan)
         self.step.forward_begins()  # vLLM runs the target forward next
+        if "positions" in inputs:  # M-RoPE: [axes, count], vLLM's own persistent buffer
+            set_depth_positions(inputs["positions"], self.plan)
+            return inputs
         return {**inputs, "positions": positions}
 
     def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, Any]:
-        return {**super().prepare_dummy_inputs(num_reqs, num_tokens),
-                "positions": self.positions[:num_tokens]}
+        inputs = super().prepare_dummy_inputs(num_reqs, num_tokens)
+        return inputs if "positions" in inputs else {**inputs,
+                                                     "positions": self.positions[:num_tokens]}
 
     def custom_sampler(self, sampler: Any) -> tuple[Any, Any]:
         from vllm_dartree.integration.v2.sampler import TreeRejectionSampler
