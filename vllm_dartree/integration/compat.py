@@ -87,9 +87,11 @@ class _ExpandKernelWrapperFix(VllmPatch):
         if not CpuExpandKernelFix.is_applied():
             return False
         try:
-            return hasattr(resolve(cls.target), cls.attribute)
+            held = getattr(resolve(cls.target), cls.attribute)
         except (ImportError, AttributeError):
             return False
+        # A wrapper registered after the fix already holds it.
+        return held is not fixed_expand_kernel
 
     @classmethod
     def replacement(cls, original):
