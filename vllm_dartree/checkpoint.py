@@ -42,6 +42,23 @@ HEAD_OF_PROJECTOR = {None: None, "domino": DOMINO, "causal_v5": DOMINO}
 # DeepSpec's Markov head types; vLLM's Qwen3 DSpark model implements only the vanilla one.
 MARKOV_HEAD_TYPES = (None, "vanilla")
 
+# Weight names: a correction head's weights, by kind; the backbone's are vLLM's DFlash ones.
+HEAD_PREFIXES = ("prefix_gru.", "embed_proj.", "markov_head.", "confidence_head.")
+LEGACY_HEAD_PREFIX = "logit_head."  # older Domino exports nest the head under this name
+# Drafters trained beside a vision-language target (Qwen3.5/3.6) may name their backbone by
+# the target's text-model path.
+TEXT_MODEL_PREFIXES = ("model.language_model.", "language_model.")
+
+
+def bare_weight_name(name: str) -> str:
+    """A drafter checkpoint's weight name without a legacy head or text-model prefix: the
+    name vLLM's DFlash/DSpark loaders and the training drafter take."""
+    name = name.removeprefix(LEGACY_HEAD_PREFIX)
+    for prefix in TEXT_MODEL_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
 
 class DrafterConfigError(ValueError):
     """A drafter checkpoint that cannot serve the requested target or settings."""

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from vllm_dartree.bench.methods import drafter_depths
-from vllm_dartree.checkpoint import DrafterConfigError, DrafterLayout
+from vllm_dartree.checkpoint import DrafterConfigError, DrafterLayout, bare_weight_name
 from vllm_dartree.env import project_root
 from vllm_dartree.models.smollm2 import DRAFTER
 
@@ -210,6 +210,4 @@ def test_a_bad_dspark_config_names_its_field(changes, message):
 def test_drafter_weight_names_of_vision_language_releases_are_read_bare(name, bare):
     """Qwen3.5/3.6 drafters may name their backbone by the target's text-model path; the
     engine e2e on such a checkpoint: tests/v2/test_v2_hybrid.py (Qwen3.5)."""
-    from vllm_dartree.integration.drafter_model import bare_weight_name
-
     assert bare_weight_name(name) == bare

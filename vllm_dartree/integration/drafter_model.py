@@ -25,26 +25,16 @@ import torch
 from torch import nn
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
-from vllm_dartree.checkpoint import DOMINO, MARKOV, DrafterConfigError, DrafterLayout
+from vllm_dartree.checkpoint import (
+    DOMINO,
+    HEAD_PREFIXES,
+    MARKOV,
+    DrafterConfigError,
+    DrafterLayout,
+    bare_weight_name,
+)
 from vllm_dartree.tree import CorrectionHead, DominoHead, MarkovHead
 from vllm_dartree.tree.correction import input_gate_table
-
-DOMINO_PREFIXES = ("prefix_gru.", "embed_proj.")
-MARKOV_PREFIXES = ("markov_head.", "confidence_head.")
-HEAD_PREFIXES = DOMINO_PREFIXES + MARKOV_PREFIXES
-LEGACY_HEAD_PREFIX = "logit_head."  # older Domino exports nest the head under this name
-# Drafters trained beside a vision-language target (Qwen3.5/3.6) may name their backbone by
-# the target's text-model path; vLLM's DFlash/DSpark loaders take the bare names.
-TEXT_MODEL_PREFIXES = ("model.language_model.", "language_model.")
-
-
-def bare_weight_name(name: str) -> str:
-    """A drafter checkpoint's weight name as vLLM's DFlash/DSpark loaders take it."""
-    name = name.removeprefix(LEGACY_HEAD_PREFIX)
-    for prefix in TEXT_MODEL_PREFIXES:
-        if name.startswith(prefix):
-            return name[len(prefix):]
-    return name
 
 
 def hf_config_dict(hf_config: Any) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from vllm_dartree.checkpoint import DrafterLayout
+from vllm_dartree.checkpoint import HEAD_PREFIXES, DrafterLayout
 from vllm_dartree.env import cache_dir
 
 TINY_ROPE_THETA = 10000.0
@@ -254,17 +254,24 @@ def write_hybrid_target(spec: HybridTargetSpec = HybridTargetSpec()) -> Path:
         config = qwen3_next_config(spec)
         torch.manual_seed(spec.seed)
         model = Qwen3NextForCausalLM(Qwen3NextConfig(**config))
-        gen = torch.Generator().manual_seed(spec.seed)
-        with torch.no_grad():
-            for name, weight in sorted(model.named_parameters()):
-                if weight.dim() == 2:
-                    std = {"model.embed_tokens.weight": 1.0,
-                           "lm_head.weight": spec.init_std}.get(name, spec.layer_std)
-                    weight.copy_(_normal(gen, std, *weight.shape))
-        model.to(torch.bfloat16).save_pretrained(out)
-        (out / "config.json").write_text(json.dumps(config, indent=2))
+        _save_hybrid(model, spec, config, out)
 
     return _cached_dir("qwen3next", spec, write)
+
+
+def _save_hybrid(model: torch.nn.Module, spec: HybridTargetSpec, config: dict,
+                 out: Path) -> None:
+    """Redraw the matrices (embedding N(0, 1), lm_head N(0, init_std^2), every other one
+    N(0, layer_std^2)) and save in bfloat16 with ``config``."""
+    gen = torch.Generator().manual_seed(spec.seed)
+    with torch.no_grad():
+        for name, weight in sorted(model.named_parameters()):
+            if weight.dim() == 2:
+                std = (1.0 if name.endswith("embed_tokens.weight") else spec.init_std
+                       if name == "lm_head.weight" else spec.layer_std)
+                weight.copy_(_normal(gen, std, *weight.shape))
+    model.to(torch.bfloat16).save_pretrained(out)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def qwen3_5_config(spec: HybridTargetSpec) -> dict:
@@ -313,15 +320,7 @@ def write_qwen3_5_target(spec: HybridTargetSpec = HybridTargetSpec()) -> Path:
         model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(**{
             key: value for key, value in config.items()
             if key not in ("architectures", "model_type", "torch_dtype")}))
-        gen = torch.Generator().manual_seed(spec.seed)
-        with torch.no_grad():
-            for name, weight in sorted(model.named_parameters()):
-                if weight.dim() == 2:
-                    std = (1.0 if name.endswith("embed_tokens.weight") else spec.init_std
-                           if name == "lm_head.weight" else spec.layer_std)
-                    weight.copy_(_normal(gen, std, *weight.shape))
-        model.to(torch.bfloat16).save_pretrained(out)
-        (out / "config.json").write_text(json.dumps(config, indent=2))
+        _save_hybrid(model, spec, config, out)
 
     return _cached_dir("qwen3_5", spec, write)
 
@@ -389,8 +388,7 @@ def drafter_weights(spec: DrafterSpec) -> dict[str, torch.Tensor]:
         }
     if spec.dspark:
         weights |= dspark_weights(spec, gen)
-    top_level = ("prefix_gru.", "embed_proj.", "markov_head.", "confidence_head.", "lm_head.",
-                 "d2t", "t2d")
+    top_level = (*HEAD_PREFIXES, "lm_head.", "d2t", "t2d")
     return {name if name.startswith(top_level) else spec.text_weight_prefix + name: tensor
             for name, tensor in weights.items()}
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from vllm_dartree.checkpoint import DOMINO, MARKOV, DrafterLayout
+from vllm_dartree.checkpoint import DOMINO, HEAD_PREFIXES, MARKOV, DrafterLayout, bare_weight_name
 from vllm_dartree.training.data import (
     SequenceSet,
     generate_responses,
@@ -53,7 +53,6 @@ from vllm_dartree.training.model import (
 CHECKPOINT = "checkpoint.pt"
 DATA = "data.pt"
 EXPORT = "drafter"
-HEAD_PREFIXES = ("prefix_gru.", "embed_proj.", "markov_head.", "confidence_head.")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -218,7 +217,7 @@ def load_drafter(drafter_dir: str | Path, embed: torch.Tensor, lm_head: torch.Te
 
 def load_weights(model: BlockDrafter, weights: dict[str, torch.Tensor]) -> None:
     """Copy checkpoint tensors in; the backbone must be complete, the head may be absent."""
-    weights = {k.removeprefix("logit_head."): v for k, v in weights.items()}
+    weights = {bare_weight_name(k): v for k, v in weights.items()}
     own = model.state_dict()
     missing = [k for k in own if k not in weights and not k.startswith(HEAD_PREFIXES)]
     unknown = [k for k in weights if k not in own]
