@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from vllm_dartree.integration.cpu_gdn import GDN_CPU_OPS, spec_forward
 from vllm_dartree.integration.patching import VllmPatch, resolve
 
 logger = logging.getLogger("vllm.dartree")
@@ -121,7 +122,6 @@ def fix_expand_kernel_if_broken() -> bool:
 
 # --- 2. hybrid GDN targets: the conv window after a short speculative row (product) ---
 
-GDN_CPU_OPS = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
 
 
 def gdn_conv_window_defect_present() -> bool:
@@ -191,8 +191,6 @@ class CpuGdnConvWindowFix(VllmPatch):
 
     @classmethod
     def replacement(cls, original):
-        from vllm_dartree.integration.cpu_gdn import spec_forward
-
         return spec_forward
 
 

@@ -112,11 +112,10 @@ def _conv(layer, requests, parents, slots, x: torch.Tensor, conv_buf: torch.Tens
             inputs = torch.cat([window, tokens.t()], dim=-1)
             out = F.conv1d(inputs[None], weight.unsqueeze(1), layer.conv1d.bias,
                            groups=inputs.shape[0])[0].t()
-            out = F.silu(out) if layer.activation == "silu" else out
         else:  # rounded to the cache dtype before the activation, as the chain's conv1d
             out = tree_conv(tokens[None], window[None], weight, layer.conv1d.bias,
                             row_parent[None].to(x.device), activation=None)[0]
-            out = F.silu(out) if layer.activation == "silu" else out
+        out = F.silu(out) if layer.activation == "silu" else out
         conv_out[start:end] = out.to(conv_out.dtype)
         conv_buf[slot, :, : width - 2 + rows] = torch.cat([window[:, 1:], tokens.t()], dim=-1)
     return conv_out
