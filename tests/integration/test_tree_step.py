@@ -343,7 +343,8 @@ def test_kv_compaction_sees_the_target_layers_only(monkeypatch):
     from vllm_dartree.integration.v1.runner import target_kv_caches
 
     def layer(name):
-        return SimpleNamespace(kv_cache=torch.full((2,), float(len(name))), isa="vec")
+        return SimpleNamespace(kv_cache=torch.full((2,), float(len(name))), isa="vec",
+                               impl=object())
 
     names = ["model.layers.0.attn", "model.layers.1.attn", "draft.layers.0.attn"]
     context = SimpleNamespace(
@@ -353,7 +354,7 @@ def test_kv_compaction_sees_the_target_layers_only(monkeypatch):
     runner = SimpleNamespace(drafter=SimpleNamespace(
         _draft_attn_layer_names={"draft.layers.0.attn"}))
     found = target_kv_caches(runner)
-    assert [cache[0] for cache, _, _ in found] == [float(len(n)) for n in names[:2]]
+    assert [entry.kv_cache[0] for entry in found] == [float(len(n)) for n in names[:2]]
 
 
 def test_chain_proposals_make_chain_plans():

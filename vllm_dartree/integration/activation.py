@@ -203,25 +203,19 @@ class DSparkDrafterArchitecture(ArchitectureOverride):
 
 
 class CpuTreeAttention(BackendOverride):
+    """Tree attention in vLLM's CPU backend, for any engine that runs on it."""
+
     backend = "CPU_ATTN"
     class_path = "vllm_dartree.integration.cpu_attention.TreeCPUAttentionBackend"
 
-    @classmethod
-    def applies_here(cls) -> bool:
-        from vllm.platforms import current_platform
-
-        return current_platform.is_cpu()
-
 
 class TritonTreeAttention(BackendOverride):
+    """Tree attention in vLLM's Triton backend, for any engine that runs on it (a GPU's,
+    or any platform whose engine picks TRITON_ATTN): the backend the engine really uses
+    decides, not the platform."""
+
     backend = "TRITON_ATTN"
     class_path = "vllm_dartree.integration.gpu_attention.TreeTritonAttentionBackend"
-
-    @classmethod
-    def applies_here(cls) -> bool:
-        from vllm.platforms import current_platform
-
-        return current_platform.is_cuda()
 
 
 def dartree_touchpoints() -> list[type[TouchPoint]]:

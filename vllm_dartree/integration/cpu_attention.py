@@ -306,6 +306,11 @@ def _write_rows(output: torch.Tensor, out: torch.Tensor, plan: TreeAttentionPlan
 
 
 class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
+    @staticmethod
+    def new_kv_mover():
+        """The KV compaction of this backend's pages (``kv_mover.KvMover``)."""
+        return move_accepted_kv
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         refuse_layer(self, "CPU")  # before weights load; refusals.py checked the config

@@ -82,6 +82,11 @@ def split_kv_cache(kv_cache: torch.Tensor, head_size: int
 
 
 class TreeTritonAttentionImpl(TritonAttentionImpl):
+    @staticmethod
+    def new_kv_mover() -> GpuKvMover:
+        """The KV compaction of this backend's pages (``kv_mover.KvMover``)."""
+        return GpuKvMover()
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         refuse_layer(self, "Triton")  # before weights load; refusals.py checked the config

@@ -51,20 +51,20 @@ from vllm_dartree.integration.verify_plan import (
 from vllm_dartree.tree import DraftTree
 from vllm_dartree.tree.budget import AdaptiveBudget
 
-KvMover = Callable[[AcceptedPaths, Any], None]
+MoveKv = Callable[[AcceptedPaths, Any], None]  # kv_mover.KvMover in an engine
 
 
 class TreeStep:
     """The per-engine state of the tree step in progress (one per model runner).
 
     ``move_kv(accepted, kv_caches)`` moves each accepted path's KV to consecutive slots in
-    every target layer of ``kv_caches`` (what :meth:`target_forward` was given), in the
-    platform's page layout. ``budget_policy`` (the adaptive budget, or None) is told each
+    every target layer of ``kv_caches`` (what :meth:`target_forward` was given), in each
+    layer's page layout. ``budget_policy`` (the adaptive budget, or None) is told each
     step's wall time (from one plan to the next) and each verified step's acceptance.
     """
 
     def __init__(self, budget: int, device: torch.device, verifier: TreeVerifier,
-                 move_kv: KvMover, budget_policy: AdaptiveBudget | None = None) -> None:
+                 move_kv: MoveKv, budget_policy: AdaptiveBudget | None = None) -> None:
         self.budget = budget
         self.device = device
         self.verifier = verifier

@@ -27,6 +27,11 @@ def _install() -> None:
         def get_active_torch_device(self):
             return torch.device("cpu")
 
+        def get_benchmarker(self):
+            # Autotuning times nothing here: every config "takes" the same, so the first
+            # is kept and the kernel runs once, for real, after the choice.
+            return lambda kernel_call, quantiles=None, **kwargs: [1.0] * len(quantiles or [0])
+
     class Options:
         extern_libs = None
 
@@ -59,25 +64,57 @@ def _patch_language_once_per_launch() -> None:
     program: a third of V2's time here went to vLLM's Gumbel sampler doing that for each
     verified row. While a launch has the language patched, a helper call finds it patched
     and skips the work. What runs is unchanged: the same interpreted operations."""
+    import builtins
     import inspect
+    import sys
 
+    import numpy as np
     import triton.language as tl
     import triton.runtime.interpreter as interpreter
 
     patch_lang = interpreter._patch_lang
     patched: set[int] = set()  # ids of the language modules patched right now
+    aliases: dict[str, list[str]] = {}  # per module: its globals that are language builtins
 
-    class Unpatched:
-        @staticmethod
-        def restore() -> None:
-            pass
+    def patch_aliases(fn, scope) -> None:
+        """A module may bind a language builtin to a name of its own (``exp = tl.exp``, as
+        vLLM's flash-linear-attention ops do); the interpreter patches only the language
+        modules, so patch those names too, for the call."""
+        module = sys.modules.get(fn.__module__)
+        if module is None:
+            return
+        if fn.__module__ not in aliases:
+            aliases[fn.__module__] = [name for name, value in vars(module).items()
+                                      if not inspect.ismodule(value) and tl.core.is_builtin(value)]
+        for name in aliases[fn.__module__]:
+            member = getattr(module, name)
+            if tl.core.is_builtin(member):  # not patched by an enclosing call
+                interpreter._patch_attr(module, name, member, interpreter.interpreter_builder,
+                                        scope)
+        kernel_code.add(fn.__code__)
+        if vars(module).get("range") is not kernel_range:
+            scope.set_attr(module, "range", kernel_range)
+
+    kernel_code: set = set()  # the code of every kernel and helper launched so far
+
+    def kernel_range(*bounds):
+        """``range`` inside a kernel: a compiled kernel's loop counter is a tensor (vLLM's
+        flash-linear-attention kernels call ``.to`` on it); the interpreter's would be an
+        int. Host code of the same module (a grid function) keeps Python's."""
+        if sys._getframe(1).f_code not in kernel_code:
+            return builtins.range(*bounds)
+        return (tl.tensor(interpreter.TensorHandle(np.array([i], np.int32), tl.int32),
+                          tl.int32) for i in builtins.range(*(int(b) for b in bounds)))
 
     def patch_lang_once(fn):
         langs = {id(v) for v in fn.__globals__.values()
                  if inspect.ismodule(v) and v in (tl, tl.core)}
         if langs and langs <= patched:
-            return Unpatched()
+            scope = interpreter._LangPatchScope()
+            patch_aliases(fn, scope)
+            return scope
         scope = patch_lang(fn)
+        patch_aliases(fn, scope)
         patched.update(langs)
         restore = scope.restore
 
@@ -89,6 +126,53 @@ def _patch_language_once_per_launch() -> None:
         return scope
 
     interpreter._patch_lang = patch_lang_once
+
+
+def _grid_functions_may_set_pointers() -> None:
+    """A launch grid given as a function gets the kernel's arguments, and some of vLLM's
+    (the Triton conv's) put a tensor back among them, which a compiled launch binds after
+    the grid is computed. The interpreter converts the arguments to pointers before it
+    calls the grid function: convert what the grid function put back."""
+    import torch
+    import triton.runtime.interpreter as interpreter
+
+    init = interpreter.GridExecutor.__init__
+
+    def __init__(self, fn, arg_names, grid, *args, **kwargs) -> None:
+        if callable(grid):
+            grid_of = grid
+
+            def grid(launch_args):
+                result = grid_of(launch_args)
+                for name, value in launch_args.items():
+                    if isinstance(value, torch.Tensor):
+                        launch_args[name] = interpreter._implicit_cvt(value)
+                return result
+
+        init(self, fn, arg_names, grid, *args, **kwargs)
+
+    interpreter.GridExecutor.__init__ = __init__
+
+
+def _masks_as_booleans() -> None:
+    """The interpreter's loads and stores take boolean masks only; a mask that a compiled
+    kernel would hold as i1 can reach them as another integer array here (vLLM's Triton
+    conv builds one from a loop counter). Cast it: the same lanes are on."""
+    import numpy as np
+    import triton.runtime.interpreter as interpreter
+
+    builder = interpreter.InterpreterBuilder
+
+    def as_bool(mask):
+        if mask.data.dtype == np.bool_:
+            return mask
+        return interpreter.TensorHandle(mask.data.astype(np.bool_), mask.dtype)
+
+    load, store = builder.create_masked_load, builder.create_masked_store
+    builder.create_masked_load = (lambda self, ptrs, mask, *args:
+                                  load(self, ptrs, as_bool(mask), *args))
+    builder.create_masked_store = (lambda self, ptrs, value, mask, *args:
+                                   store(self, ptrs, value, as_bool(mask), *args))
 
 
 def _qwen2_vl_image_processor_without_torchvision() -> None:
@@ -124,4 +208,106 @@ if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")
     _install()
     _patch_language_once_per_launch()
+    _grid_functions_may_set_pointers()
+    _masks_as_booleans()
     _qwen2_vl_image_processor_without_torchvision()
+
+
+def _on_import(module_name: str, after=None, around=None) -> None:
+    """Run ``after(module)`` once ``module_name`` has been imported, and its import inside
+    ``around()`` (a context manager) if given; ``after`` at once if it already is."""
+    import contextlib
+    import importlib.abc
+    import importlib.util
+    import sys
+
+    if module_name in sys.modules:
+        if after is not None:
+            after(sys.modules[module_name])
+        return
+
+    class Hook(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname != module_name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            exec_module = spec.loader.exec_module
+
+            def exec_then_change(module) -> None:
+                with around() if around is not None else contextlib.nullcontext():
+                    exec_module(module)
+                if after is not None:
+                    after(module)
+
+            spec.loader.exec_module = exec_then_change
+            return spec
+
+    sys.meta_path.insert(0, Hook())
+
+
+def _cuda_path_on_cpu() -> None:
+    """The kernels a GPU engine runs, on this CPU (``DARTREE_TEST_CUDA_PATH=1``): vLLM's
+    TRITON_ATTN attention backend, and the Triton (``forward_cuda``) path of Qwen's
+    Gated-DeltaNet layers instead of their C++ CPU ops; every Triton kernel in the
+    interpreter. Three answers change: the CPU platform names TRITON_ATTN as its attention
+    backend; CUDA's device capability reads (9, 0) (TRITON_ATTN's KV write picks its tile
+    by it); a GDN layer binds ``forward_cuda`` with the Triton spec-decode kernel (the
+    fused CUDA chain kernel does not exist here, as on a GPU that lacks it), with the
+    Triton conv ops and unpacked conv weights."""
+    import contextlib
+
+    import torch
+
+    torch.cuda.get_device_capability = lambda device=None: (9, 0)
+
+    def triton_attention(module) -> None:
+        def get_attn_backend_cls(cls, selected_backend, attn_selector_config,
+                                 num_heads=None) -> str:
+            from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+            return AttentionBackendEnum.TRITON_ATTN.get_path()
+
+        module.CpuPlatform.get_attn_backend_cls = classmethod(get_attn_backend_cls)
+
+    def triton_gdn(module) -> None:
+        cls = module.QwenGatedDeltaNetAttention
+        init = cls.__init__
+
+        def __init__(self, *args, **kwargs) -> None:
+            init(self, *args, **kwargs)
+            self._forward_method = self.forward_cuda
+            self.gdn_decode_kernel = "triton"
+            self.enable_fused_gdn_spec_decode = False
+
+        cls.__init__ = __init__
+
+    @contextlib.contextmanager
+    def platform_not_cpu():
+        from vllm.platforms import current_platform
+
+        current_platform.is_cpu = lambda: False
+        try:
+            yield
+        finally:
+            del current_platform.is_cpu
+
+    def unpacked_conv_weights(module) -> None:
+        dispatch = module.dispatch_cpu_unquantized_gemm
+
+        def dispatch_cpu_unquantized_gemm(layer, remove_weight: bool) -> None:
+            if layer.weight.ndim != 3:  # the conv weights stay [dim, 1, width]
+                dispatch(layer, remove_weight)
+
+        module.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+
+    _on_import("vllm.platforms.cpu", after=triton_attention)
+    # The conv ops module binds its C++ CPU twins on a CPU platform: keep the Triton ones.
+    _on_import("vllm.model_executor.layers.mamba.ops.causal_conv1d", around=platform_not_cpu)
+    # A CPU with AVX-512 BF16 packs the conv weights for its C++ conv.
+    _on_import("vllm.model_executor.layers.utils", after=unpacked_conv_weights)
+    _on_import("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", after=triton_gdn)
+
+if (os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1"
+        and os.environ.get("DARTREE_TEST_CUDA_PATH") == "1"):
+    _cuda_path_on_cpu()

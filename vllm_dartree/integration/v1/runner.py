@@ -15,7 +15,7 @@ import torch
 
 from vllm_dartree.config import DARTreeConfigError
 from vllm_dartree.integration.drafting import dartree_settings
-from vllm_dartree.integration.kv_mover import kv_mover
+from vllm_dartree.integration.kv_mover import KvMover, LayerKv, layer_kv
 from vllm_dartree.integration.patching import ModuleGlobalSwap, VllmPatch
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
 from vllm_dartree.integration.step import TreeStep
@@ -54,7 +54,7 @@ class ProposerSwap(VllmPatch):
             refuse_v2_only_target(vllm_config.model_config)
             with DFlashProposerGlobal.swapped(DARTreeProposer):
                 original(self, vllm_config, *args, **kwargs)
-            step = TreeStep(self.drafter.budget, self.device, TreeVerifier(), kv_mover(self.device),
+            step = TreeStep(self.drafter.budget, self.device, TreeVerifier(), KvMover(),
                             budget_policy=self.drafter.budget_policy)
             setattr(self, STEP_ATTR, step)
             self.drafter.tree_step = step
@@ -128,9 +128,9 @@ class DepthPositions(VllmPatch):
         return _model_forward
 
 
-def target_kv_caches(runner) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
-    """(kv cache, isa, slot mapping) of every target attention layer in the forward in
-    progress; the drafter's layers share the KV group but not the tree, so they are left out."""
+def target_kv_caches(runner) -> list[LayerKv]:
+    """The KV of every target attention layer in the forward in progress; the drafter's
+    layers share the KV group but not the tree, so they are left out."""
     from vllm.forward_context import get_forward_context
 
     context = get_forward_context()
@@ -140,10 +140,7 @@ def target_kv_caches(runner) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
         layer = context.no_compile_layers.get(name)
         if layer is None or metadata is None or name in drafter_layers:
             continue
-        kv_cache = layer.kv_cache
-        if isinstance(kv_cache, (list, tuple)):  # one entry per virtual engine in older vLLM
-            kv_cache = kv_cache[0]
-        found.append((kv_cache, getattr(layer, "isa", ""), metadata.slot_mapping))
+        found.append(layer_kv(layer, metadata))
     return found
 
 

@@ -29,6 +29,7 @@ import torch
 
 from vllm_dartree.config import DARTreeConfigError
 from vllm_dartree.integration import cpu_gdn, tree_context
+from vllm_dartree.integration.kv_mover import LayerKv, layer_kv
 from vllm_dartree.integration.step import TreeStep
 from vllm_dartree.integration.verify_plan import (
     VerifyPlan,
@@ -101,15 +102,9 @@ class DARTreeModelState:
                     and not getattr(layer, "is_draft_layer", False)):
                 yield layer, item
 
-    def _target_kv(self, metadata: dict[str, Any]) -> list[tuple[torch.Tensor, str, Any]]:
-        """(kv cache, isa, slot mapping) of every target attention layer of this forward."""
-        found = []
-        for layer, item in self._target_layers(metadata):
-            kv_cache = layer.kv_cache
-            if isinstance(kv_cache, (list, tuple)):  # one entry per virtual engine
-                kv_cache = kv_cache[0]
-            found.append((kv_cache, getattr(layer, "isa", ""), item.slot_mapping))
-        return found
+    def _target_kv(self, metadata: dict[str, Any]) -> list[LayerKv]:
+        """The KV of every target attention layer of this forward."""
+        return [layer_kv(layer, item) for layer, item in self._target_layers(metadata)]
 
     def prepare_inputs(self, input_batch, req_states) -> dict[str, Any]:
         inputs = super().prepare_inputs(input_batch, req_states)

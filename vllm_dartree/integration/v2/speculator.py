@@ -29,7 +29,7 @@ from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
 
 from vllm_dartree.config import DARTreeConfigError
 from vllm_dartree.integration.drafting import TreeDrafting, dartree_settings
-from vllm_dartree.integration.kv_mover import kv_mover
+from vllm_dartree.integration.kv_mover import KvMover
 from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
 from vllm_dartree.integration.step import TreeStep
@@ -50,7 +50,7 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
         # The query block: root + the mask slots a tree can use (<= B, so vLLM's per-request
         # sample buffers, sized by B, hold it).
         self.num_query_per_req = 1 + self.query_slots
-        self.step = TreeStep(self.budget, device, TreeVerifier(), kv_mover(device),
+        self.step = TreeStep(self.budget, device, TreeVerifier(), KvMover(),
                              budget_policy=self.budget_policy)
         # The query's hidden states, kept by _generate_draft (a persistent buffer: a FULL
         # drafter graph replays _generate_draft into the same addresses).
