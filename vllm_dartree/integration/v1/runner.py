@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import functools
 
-import torch
-
 from vllm_dartree.config import DARTreeConfigError
 from vllm_dartree.integration.drafting import dartree_settings
 from vllm_dartree.integration.kv_mover import KvMover, LayerKv, layer_kv
