@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_dartree.integration import cpu_gdn
+from vllm_dartree.integration import cpu_gdn, gdn_rows
 from vllm_dartree.integration.verify_plan import AcceptedPaths
 
 HK, HV, DIM, WIDTH, SLOTS = 2, 4, 128, 4, 24
@@ -81,7 +81,7 @@ def test_a_tree_step_then_its_commit_equal_the_accepted_chain():
     layer = Layer(torch.Generator().manual_seed(1), conv_tree, ssm_tree)
     out_tree = step(layer, meta, x, a, b, conv_tree, ssm_tree, num_spec)
     paths = AcceptedPaths(plan, torch.tensor([path + [-1, -1]]), torch.tensor([len(path)]))
-    cpu_gdn.commit_accepted_paths([(layer, meta)], paths)
+    gdn_rows.commit_accepted_paths([(layer, meta)], paths)
 
     # vLLM's chain over the accepted rows, from the same state.
     conv_chain, ssm_chain = conv0.clone(), ssm0.clone()

@@ -171,7 +171,9 @@ def test_on_vllm_0_34_dartree_is_a_registered_method_and_no_v1_glue_applies(monk
     names = {t.__name__ for t in activation.dartree_touchpoints()}
     assert names == {"ActiveInEngineProcesses", "DrafterArchitecture",
                      "DSparkDrafterArchitecture", "CpuTreeAttention", "TritonTreeAttention",
-                     "CpuGdnConvWindowFix", "DraftCountsKept", "DraftCountsHandedOver", "DraftsKeptByScheduler",
+                     "CpuGdnConvWindowFix", "SpecConvGlobal", "SpecRecurrenceGlobal",
+                     "TreeRowsInTritonGdn", "NoFusedChainKernel", "DraftCountsKept",
+                     "DraftCountsHandedOver", "DraftsKeptByScheduler",
                      "DraftsWithoutRpc", "DraftsWithAsyncOutput"}
     # The registered config names our V2 speculator (read as text: it imports 0.34 only).
     module, _, cls = activation.MethodRegistration.config_path.rpartition(".")

@@ -21,6 +21,7 @@ PROBE = textwrap.dedent(
     import vllm.v1.sample.rejection_sampler, vllm.utils.cpu_triton_utils
     import vllm.v1.core.sched.scheduler, vllm.v1.engine.core
     import vllm.model_executor.layers.mamba.ops.cpu.gdn_attention
+    import vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn
     from vllm import ModelRegistry
 
     import types
@@ -102,5 +103,6 @@ def test_activation_changes_exactly_the_declared_touchpoints():
     assert {"CpuTreeAttention", "TritonTreeAttention"} <= set(result["applied"])
     assert {"V2SpeculatorChoice", "DrafterArchitecture", "ProposerSwap", "VerifyLayout",
             "DepthPositions", "TreeSampler", "CpuExpandKernelFix",
-            "CpuGdnConvWindowFix"} <= set(result["applied"])
+            "CpuGdnConvWindowFix", "TreeRowsInTritonGdn",
+            "NoFusedChainKernel"} <= set(result["applied"])
     assert len(result["at_activation"]) >= 8  # the snapshot sees real changes

@@ -94,3 +94,105 @@ def test_without_the_interpreter_the_twin_answers():
     q, k, v, g, beta, state, parents, depths, max_depth = make_cases(torch.float32)[1]
     assert torch.equal(gdn_tree_outputs(q, k, v, g, beta, state, parents, depths, max_depth),
                        tree_gated_delta_rule(q, k, v, g, beta, state, parents))
+
+
+# ---- the engine-layout kernels: flat rows, states in slots, the tree conv ----------------
+def flat_rows_case(gen: torch.Generator, rows_per_request: list[int], heads: int, key_dim: int,
+                   value_dim: int, channels: int, dtype: torch.dtype, width: int = 4):
+    """Arguments of ``delta_rule_in_slots`` and ``tree_conv_outputs`` for a random flat
+    batch: a request's rows read parents among its earlier rows (or its committed slot) and
+    write slots of their own; conv sources are the row itself, earlier rows of its request
+    or committed columns. The kernels must follow these indices, whatever tree they encode."""
+    total = sum(rows_per_request)
+    num_slots = total + len(rows_per_request) + 3
+    order = torch.randperm(num_slots, generator=gen)
+    row_slot, parent_slot, sources, row_request = [], [], [], []
+    starts = [0]
+    free = iter(order.tolist())
+    for request, rows in enumerate(rows_per_request):
+        committed = next(free)
+        first = starts[-1]
+        for local in range(rows):
+            row_slot.append(next(free))
+            parent = int(torch.randint(-1, local, (1,), generator=gen)) if local else -1
+            parent_slot.append(committed if parent < 0 else row_slot[first + parent])
+            row_sources = [first + local]
+            for _ in range(width - 1):
+                pick = int(torch.randint(-(width - 1), local, (1,), generator=gen))
+                row_sources.append(first + pick if pick >= 0 else pick)
+            sources.append(row_sources)
+            row_request.append(request)
+        starts.append(first + rows)
+    length = width - 1 + max(rows_per_request)
+    q = F.normalize(torch.randn(total, heads, key_dim, generator=gen), dim=-1) * key_dim ** -0.5
+    k = F.normalize(torch.randn(total, heads, key_dim, generator=gen), dim=-1)
+    recurrence = dict(
+        q=q.to(dtype), k=k.to(dtype),
+        v=torch.randn(total, heads, value_dim, generator=gen).to(dtype),
+        g=-torch.rand(total, heads, generator=gen), beta=torch.rand(total, heads, generator=gen),
+        state=torch.randn(num_slots, heads, value_dim, key_dim, generator=gen).to(dtype),
+        row_slot=torch.tensor(row_slot), parent_slot=torch.tensor(parent_slot),
+        request_starts=torch.tensor(starts))
+    # A strided window buffer (vLLM's [slots, C, L] view of a [slots, L, C] cache).
+    conv_state = torch.randn(num_slots, length, channels, generator=gen).to(dtype)
+    conv = dict(
+        x=torch.randn(total, channels, generator=gen).to(dtype),
+        conv_state=conv_state.transpose(1, 2),
+        window_slot=torch.randint(0, num_slots, (len(rows_per_request),), generator=gen),
+        window_start=torch.randint(0, length - width + 2, (len(rows_per_request),),
+                                   generator=gen),
+        row_request=torch.tensor(row_request), sources=torch.tensor(sources),
+        weight=torch.randn(channels, width, generator=gen),
+        bias=torch.randn(channels, generator=gen))
+    return recurrence, conv
+
+
+FLAT_SHAPES = [([1], 1, 16, 8, 8), ([3, 1, 5], 2, 32, 40, 200), ([7, 2], 2, 128, 32, 24)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_engine_layout_kernels_match_their_twins(tmp_path: Path, dtype):
+    from vllm_dartree.tree.gdn import tree_conv_rows, tree_delta_rule_in_slots
+
+    gen = torch.Generator().manual_seed(8)
+    cases = [flat_rows_case(gen, *shape, dtype) for shape in FLAT_SHAPES]
+    inputs, outputs = tmp_path / "cases.pt", tmp_path / "out.pt"
+    torch.save(cases, inputs)
+    script = textwrap.dedent(f"""
+        import torch
+        import vllm_dartree.kernels.gdn_tree as gdn_tree
+        from vllm_dartree.kernels import launch
+
+        def forbidden(*args, **kwargs):
+            raise AssertionError("a dispatcher fell back to the torch twin")
+
+        assert launch.interpreter_loaded()
+        gdn_tree.tree_delta_rule_in_slots = gdn_tree.tree_conv_rows = forbidden
+        results = []
+        for recurrence, conv in torch.load({str(inputs)!r}):
+            # The dispatcher's tiling (all heads, whole rows a program), then a GPU's.
+            state = recurrence["state"].clone()
+            out = gdn_tree.delta_rule_in_slots(**recurrence)
+            gpu = gdn_tree.delta_rule_in_slots_triton(**{{**recurrence, "state": state}},
+                                                      heads_per_program=1)
+            conv_gpu = gdn_tree.tree_conv_rows_triton(**conv, block_rows=2, block_channels=16)
+            results.append((out, recurrence["state"], gdn_tree.tree_conv_outputs(**conv),
+                            gpu, state, conv_gpu))
+        torch.save(results, {str(outputs)!r})
+    """)
+    results = run_interpreted(script, outputs)
+    tolerance = ({"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32
+                 else {"rtol": 2 ** -7, "atol": 2e-2})
+    for (recurrence, conv), result in zip(cases, results, strict=True):
+        out, state, conv_out, gpu_out, gpu_state, gpu_conv_out = result
+        expected_state = recurrence["state"].clone()
+        args = {**recurrence, "state": expected_state}
+        args.pop("request_starts")
+        expected = tree_delta_rule_in_slots(**args)
+        expected_conv = tree_conv_rows(**conv)
+        for got, got_state, got_conv in ((out, state, conv_out),
+                                         (gpu_out, gpu_state, gpu_conv_out)):
+            torch.testing.assert_close(got, expected, **tolerance)
+            torch.testing.assert_close(got_state, expected_state, **tolerance)
+            torch.testing.assert_close(got_conv, expected_conv, **tolerance)
+        assert not torch.equal(state, recurrence["state"])  # rows' states were stored

@@ -173,3 +173,79 @@ def test_verification_writes_nothing():
     tree_conv(x, conv_state, torch.randn(CHANNELS, WIDTH, generator=gen), None, parents)
     commit_path(x, k, v, g, beta, conv_state, state, torch.tensor([[0, -1], [0, 1]]))
     assert torch.equal(state, kept[0]) and torch.equal(conv_state, kept[1])
+
+
+# ---- flat rows in an engine's state slots (tree_conv_rows, tree_delta_rule_in_slots) ------
+def flat_case(gen: torch.Generator, rows_per_request: list[int], dtype: torch.dtype,
+              num_slots: int = 40):
+    """A flat batch as an engine lays it out: requests' rows one after another, each request
+    with its own state slots (one per row, shuffled over ``num_slots``) and its committed
+    conv window at a random offset of its first slot's buffer; random parents (earlier
+    rows). Returns the twins' arguments and, per request, its padded parents."""
+    max_rows = max(rows_per_request)
+    length = WIDTH - 1 + max_rows
+    slots = torch.randperm(num_slots, generator=gen)[: len(rows_per_request) * max_rows]
+    slots = slots.view(len(rows_per_request), max_rows)
+    accepted = torch.tensor([int(torch.randint(1, max_rows + 1, (1,), generator=gen))
+                             for _ in rows_per_request])
+    parents = random_parents(gen, len(rows_per_request), max_rows)
+    starts = torch.tensor([0, *torch.tensor(rows_per_request).cumsum(0).tolist()])
+    row_request = torch.repeat_interleave(torch.arange(len(rows_per_request)),
+                                          torch.tensor(rows_per_request))
+    local = torch.arange(int(starts[-1])) - starts[row_request]
+    parent_local = parents[row_request, local]
+    # Conv sources, newest first: rows of the flat batch or committed columns (-1 - j).
+    window = conv_ancestors(parents, WIDTH)  # [S, T, W] into [committed, rows]
+    window = window[row_request, local]
+    sources = torch.where(window >= WIDTH - 1, starts[row_request, None] + window - (WIDTH - 1),
+                          -1 - window)
+    row_slot = slots[row_request, local]
+    parent_slot = torch.where(local == 0, slots[row_request, accepted[row_request] - 1],
+                              slots[row_request, parent_local])
+    x = torch.randn(int(starts[-1]), CHANNELS, generator=gen).to(dtype)
+    conv_state = torch.randn(num_slots, CHANNELS, length, generator=gen).to(dtype)
+    (q, k, v, g, beta), _ = random_layer_inputs(gen, 1, int(starts[-1]), dtype)
+    state = torch.randn(num_slots, HEADS, VALUE_DIM, KEY_DIM, generator=gen)
+    return dict(x=x, conv_state=conv_state, window_slot=slots[:, 0], window_start=accepted - 1,
+                row_request=row_request, sources=sources, weight=torch.randn(
+                    CHANNELS, WIDTH, generator=gen), bias=torch.randn(CHANNELS, generator=gen),
+                q=q[0], k=k[0], v=v[0], g=g[0], beta=beta[0], state=state, row_slot=row_slot,
+                parent_slot=parent_slot, request_starts=starts, slots=slots,
+                accepted=accepted, parents=parents, local=local)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_flat_rows_in_slots_equal_the_padded_reference(dtype):
+    """The engine-layout twins give each row what the padded reference gives it (conv
+    along its path from the committed window; recurrence from the state in the slot the
+    request's accepted count names), and leave each row's state in its own slot."""
+    from vllm_dartree.tree.gdn import tree_conv_rows, tree_delta_rule_in_slots
+
+    gen = torch.Generator().manual_seed(31)
+    case = flat_case(gen, [1, 5, 3, 7], dtype)
+    conv_before, state_before = case["conv_state"].clone(), case["state"].clone()
+    conv = tree_conv_rows(case["x"], case["conv_state"], case["window_slot"],
+                          case["window_start"], case["row_request"], case["sources"],
+                          case["weight"], case["bias"])
+    state = case["state"]
+    out = tree_delta_rule_in_slots(case["q"], case["k"], case["v"], case["g"], case["beta"],
+                                   state, case["row_slot"], case["parent_slot"])
+    assert torch.equal(case["conv_state"], conv_before)  # the conv reads only
+    for s, (start, end) in enumerate(zip(case["request_starts"][:-1].tolist(),
+                                         case["request_starts"][1:].tolist())):
+        rows = end - start
+        parents = case["parents"][s:s + 1, :rows]
+        offset = int(case["window_start"][s])
+        window = conv_before[case["window_slot"][s], :, offset:offset + WIDTH - 1]
+        want_conv = tree_conv(case["x"][None, start:end], window[None], case["weight"],
+                              case["bias"], parents)[0]
+        torch.testing.assert_close(conv[start:end], want_conv, **TOLERANCE[dtype])
+        initial = state_before[case["slots"][s, case["accepted"][s] - 1]].transpose(-1, -2)
+        want, states = tree_gated_delta_rule(
+            *(t[None, start:end] for t in (case["q"], case["k"], case["v"], case["g"],
+                                           case["beta"])), initial[None], parents,
+            return_states=True)
+        torch.testing.assert_close(out[start:end], want[0], **TOLERANCE[dtype])
+        got_states = state[case["slots"][s, :rows]].transpose(-1, -2)
+        # Children read their parent's rounded state: fp32 states match to 1e-5.
+        torch.testing.assert_close(got_states, states[0], rtol=1e-5, atol=1e-5)

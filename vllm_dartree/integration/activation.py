@@ -220,18 +220,20 @@ class TritonTreeAttention(BackendOverride):
 
 def dartree_touchpoints() -> list[type[TouchPoint]]:
     """Every change activation makes to the installed vLLM, in the order it applies them:
-    the tree core's (drafter architectures, tree attention backends, the engine core's half
-    of the drafts' hand-over), the V2 runner's (its speculator choice where vLLM has no
+    the tree core's (drafter architectures, tree attention backends, tree rows in GDN
+    layers, the engine core's half of the drafts' hand-over), the V2 runner's (its speculator choice where vLLM has no
     registry, 0.32/0.33; the adaptive budget's draft counts to the scheduler; drafts with
     the sampled tokens), and the V1 runner's glue where vLLM still ships that runner
     (0.32/0.33)."""
     from vllm_dartree.integration.compat import CpuGdnConvWindowFix
     from vllm_dartree.integration.draft_handoff import ENGINE_CORE_PATCHES
+    from vllm_dartree.integration.gpu_gdn import TRITON_GDN_PATCHES
     from vllm_dartree.integration.v2.draft_counts import DRAFT_COUNT_PATCHES
     from vllm_dartree.integration.v2.draft_handoff import DraftsWithAsyncOutput
 
     shared = [ActiveInEngineProcesses, DrafterArchitecture, DSparkDrafterArchitecture,
-              CpuTreeAttention, TritonTreeAttention, CpuGdnConvWindowFix, *ENGINE_CORE_PATCHES]
+              CpuTreeAttention, TritonTreeAttention, CpuGdnConvWindowFix, *TRITON_GDN_PATCHES,
+              *ENGINE_CORE_PATCHES]
     v2 = [*DRAFT_COUNT_PATCHES, DraftsWithAsyncOutput]
     if installed_release_in(PRE_REGISTRY_RELEASES):
         v2.insert(0, V2SpeculatorChoice)

@@ -14,24 +14,21 @@ column of the last accepted row. :func:`spec_forward` replaces vLLM's ``_spec_fo
 - a tree step computes every row from its parent's conv inputs and state
   (``tree/gdn.py``: ``tree_conv``, ``tree_gated_delta_rule``), stores row ``t``'s state in
   column ``t`` and the rows' conv inputs in row order, as for a chain;
-- after acceptance :func:`commit_accepted_paths` moves the accepted path into the columns
-  a chain of its tokens would have used (the last accepted row's state into column
-  ``a - 1``, the path's conv inputs into the window the next step reads), so vLLM's next
-  step reads exactly what that chain would have left.
+- after acceptance ``gdn_rows.commit_accepted_paths`` moves the accepted path into the
+  columns a chain of its tokens would have used (the layout is ``gdn_rows``'s, shared with
+  the Triton path), so vLLM's next step reads exactly what that chain would have left.
 
 Host loops over requests, as vLLM's CPU path has; the tree math is the pure-torch reference.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
 from vllm_dartree.integration import tree_context
 from vllm_dartree.integration.patching import resolve
-from vllm_dartree.integration.verify_plan import AcceptedPaths, VerifyPlan
+from vllm_dartree.integration.verify_plan import VerifyPlan
 from vllm_dartree.tree.gdn import tree_conv, tree_gated_delta_rule
 
 GDN_CPU_OPS = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
@@ -147,37 +144,3 @@ def _recurrence_inputs(layer, query, key, value, a_spec, b_spec):
     k = k.repeat_interleave(heads // k.shape[1], dim=1)
     g = -layer.A_log.float().exp() * F.softplus(a_spec.float() + layer.dt_bias.float())
     return q, k, value.float(), g, b_spec.float().sigmoid()
-
-
-def gdn_layers(metadata: dict[str, Any], layers: dict[str, Any]) -> list[tuple[Any, Any]]:
-    """(layer, metadata) of the target's GDN layers in a step's attention metadata."""
-    return [(layers[name], item) for name, item in metadata.items()
-            if item is not None and hasattr(item, "spec_state_indices_tensor")
-            and name in layers]
-
-
-def commit_accepted_paths(recorded: list[tuple[Any, Any]], paths: AcceptedPaths) -> None:
-    """Move each tree request's accepted path where a chain of its tokens would have left
-    it: the last accepted row's state into column ``a - 1`` and the path's conv inputs into
-    the window (``a`` = path length, the next step's ``num_accepted``)."""
-    if not recorded or paths.plan.chains:
-        return
-    module = resolve(GDN_CPU_OPS)
-    plan = paths.plan
-    positions = plan.batch_index.tolist()
-    nodes = paths.accepted_nodes.tolist()
-    lengths = paths.num_accepted.tolist()
-    for layer, meta in recorded:
-        conv_buf, ssm_state = module._conv_buffer_view(layer), module._ssm_state_view(layer)
-        spec_index = {position: i for i, (position, *_rest) in
-                      enumerate(_spec_requests(meta))}
-        slots = meta.spec_state_indices_tensor
-        width = module._unpacked_conv_weight(layer).shape[-1]
-        for position, path, length in zip(positions, nodes, lengths):
-            request_slots = slots[spec_index[position]].tolist()
-            last = path[length - 1]
-            if last != length - 1:
-                ssm_state[request_slots[length - 1]] = ssm_state[request_slots[last]]
-            columns = [width - 2 + row for row in path[:length]]
-            conv_buf[request_slots[0], :, width - 2: width - 2 + length] = (
-                conv_buf[request_slots[0], :, columns])

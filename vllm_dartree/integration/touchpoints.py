@@ -80,6 +80,8 @@ INPUT_BATCH = "vllm.v1.worker.gpu.input_batch:InputBatch"
 PROPOSER = "vllm.v1.spec_decode.dflash:DFlashProposer"
 BASE_PROPOSER = "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer"
 GDN_CPU = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
+GDN_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
+GDN_LAYER = f"{GDN_MODULE}:QwenGatedDeltaNetAttention"
 
 NAMES: tuple[VllmName, ...] = _names(
     # --- public API (benchmarks, harness, training data generation)
@@ -229,8 +231,6 @@ NAMES: tuple[VllmName, ...] = _names(
     VllmName("vllm.forward_context:set_forward_context",
              ("attn_metadata", "vllm_config", "num_tokens", "num_tokens_across_dp",
               "cudagraph_runtime_mode", "slot_mapping")),
-    V1Name("vllm.forward_context:get_forward_context"),
-    V1Name("vllm.forward_context:ForwardContext.attn_metadata"),
     V1Name("vllm.forward_context:ForwardContext.no_compile_layers"),
     VllmName("vllm.model_executor.layers.attention.attention:Attention.kv_cache"),
     # --- the model runner (V1)
@@ -544,4 +544,24 @@ NAMES: tuple[VllmName, ...] = _names(
     VllmName("vllm.v1.attention.backends.gdn_attn:"
              "GDNAttentionMetadata.spec_state_indices_tensor"),
     VllmName("vllm.v1.attention.backends.gdn_attn:GDNAttentionMetadata.num_accepted_tokens"),
+    # --- the Triton (CUDA-path) GDN layer: tree rows (integration/gpu_gdn.py, gdn_rows.py)
+    VllmName(f"{GDN_LAYER}._forward_core",
+             ("self", "mixed_qkv", "b", "a", "core_attn_out"), exact=True,
+             use="wrapped: a tree step's speculative rows through the tree kernels"),
+    VllmName(f"{GDN_LAYER}.__init__", ("self", "config", "vllm_config"),
+             use="wrapped: the fused chain kernel off in engines that verify trees"),
+    VllmName(f"{GDN_LAYER}.enable_fused_gdn_spec_decode"),
+    VllmName(f"{GDN_LAYER}.conv_kernel_size"),
+    VllmName(f"{GDN_LAYER}.prefix"),
+    VllmName(f"{GDN_LAYER}.kv_cache", use="gdn_rows.state_views: conv buffers, states"),
+    VllmName(f"{GDN_MODULE}:causal_conv1d_update",
+             ("x", "conv_state", "weight", "bias", "activation", "num_accepted_tokens"),
+             use="swapped during a tree step's _forward_core; its speculative call replaced"),
+    VllmName(f"{GDN_MODULE}:fused_sigmoid_gating_delta_rule_update",
+             ("A_log", "a", "b", "dt_bias", "q", "k", "v", "initial_state",
+              "num_accepted_tokens", "scale"),
+             use="swapped during a tree step's _forward_core; its speculative call replaced"),
+    VllmName("vllm.model_executor.layers.mamba.mamba_utils:is_conv_state_dim_first"),
+    VllmName("vllm.forward_context:get_forward_context"),
+    VllmName("vllm.forward_context:ForwardContext.attn_metadata"),
 )

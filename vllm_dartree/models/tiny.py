@@ -188,23 +188,30 @@ def write_target(spec: TargetSpec = TargetSpec()) -> Path:
 
 @dataclass(frozen=True)
 class HybridTargetSpec(TargetSpec):
-    """A Qwen3-Next target: ``num_linear_layers`` GDN layers, then one full-attention layer.
-    The attention fields above are the full-attention layer's (a drafter reads them); GDN
-    head dim 128 is the smallest vLLM's CPU GDN op takes."""
+    """A Qwen3-Next target laid out as the released Qwen3-Next/Qwen3.5: three GDN layers, then
+    one full-attention layer, twice (``full_attention_interval`` 4, 8 layers). The attention
+    fields above are the full-attention layers' (a drafter reads them); GDN head dim 128 is
+    the smallest vLLM's CPU GDN op takes. TUNING-NOTE"""
 
-    num_hidden_layers: int = 4
-    num_linear_layers: int = 3
+    num_hidden_layers: int = 8
+    full_attention_interval: int = 4  # layer i is full attention when (i + 1) % 4 == 0
     linear_num_key_heads: int = 2
     linear_num_value_heads: int = 4
     linear_head_dim: int = 128
     num_experts: int = 4
     moe_intermediate_size: int = 64
     init_std: float = 0.5  # lm_head (the embedding: 1.0)
-    # The layers' matrices: small, so that the layers add a modest part to the residual
+    # The attention and MLP matrices: small, so that they add a modest part to the residual
     # stream and bfloat16 rounding cannot grow through them into argmax flips (a gain above
     # 1 per matrix makes a random net chaotic: the target's own one-row and multi-row GDN
     # paths then disagree at near-ties).
     layer_std: float = 0.04
+    gdn_std: float = 0.04  # the GDN layers' matrices (in_proj_*, out_proj)
+
+    @property
+    def layer_types(self) -> list[str]:
+        return ["full_attention" if (i + 1) % self.full_attention_interval == 0
+                else "linear_attention" for i in range(self.num_hidden_layers)]
 
 
 def qwen3_next_config(spec: HybridTargetSpec) -> dict:
@@ -215,8 +222,8 @@ def qwen3_next_config(spec: HybridTargetSpec) -> dict:
         "hidden_size": spec.hidden_size,
         "intermediate_size": spec.intermediate_size,
         "num_hidden_layers": spec.num_hidden_layers,
-        "layer_types": ["linear_attention"] * spec.num_linear_layers
-        + ["full_attention"] * (spec.num_hidden_layers - spec.num_linear_layers),
+        "layer_types": spec.layer_types,
+        "full_attention_interval": spec.full_attention_interval,
         "num_attention_heads": spec.num_attention_heads,
         "num_key_value_heads": spec.num_key_value_heads,
         "head_dim": spec.head_dim,
@@ -261,17 +268,23 @@ def write_hybrid_target(spec: HybridTargetSpec = HybridTargetSpec()) -> Path:
 
 def _save_hybrid(model: torch.nn.Module, spec: HybridTargetSpec, config: dict,
                  out: Path) -> None:
-    """Redraw the matrices (embedding N(0, 1), lm_head N(0, init_std^2), every other one
-    N(0, layer_std^2)) and save in bfloat16 with ``config``."""
+    """Redraw the matrices (embedding N(0, 1), lm_head N(0, init_std^2), the GDN layers'
+    N(0, gdn_std^2), every other one N(0, layer_std^2)) and save in bfloat16 with ``config``."""
     gen = torch.Generator().manual_seed(spec.seed)
     with torch.no_grad():
         for name, weight in sorted(model.named_parameters()):
             if weight.dim() == 2:
-                std = (1.0 if name.endswith("embed_tokens.weight") else spec.init_std
-                       if name == "lm_head.weight" else spec.layer_std)
-                weight.copy_(_normal(gen, std, *weight.shape))
+                weight.copy_(_normal(gen, _matrix_std(spec, name), *weight.shape))
     model.to(torch.bfloat16).save_pretrained(out)
     (out / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def _matrix_std(spec: HybridTargetSpec, name: str) -> float:
+    if name.endswith("embed_tokens.weight"):
+        return 1.0
+    if name == "lm_head.weight":
+        return spec.init_std
+    return spec.gdn_std if ".linear_attn." in name else spec.layer_std
 
 
 def qwen3_5_config(spec: HybridTargetSpec) -> dict:
@@ -280,6 +293,7 @@ def qwen3_5_config(spec: HybridTargetSpec) -> dict:
     block here). Text rows' axes are equal, so text requests decode as with 1-D RoPE."""
     text = {key: value for key, value in qwen3_next_config(spec).items() if key in (
         "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "layer_types",
+        "full_attention_interval",
         "num_attention_heads", "num_key_value_heads", "head_dim", "linear_num_key_heads",
         "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
         "linear_conv_kernel_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps",

@@ -150,3 +150,60 @@ def commit_path(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
         stepped = _delta_step(state, *(_at_row(t, row) for t in (k, v, g, beta)))
         state = torch.where(take, stepped, state)
     return new_conv.transpose(1, 2).to(conv_state.dtype), state.to(initial_state.dtype)
+
+
+# ---- flat rows in an engine's state slots ---------------------------------------------------
+# An engine verifies a batch's rows flat (request after request) and keeps one recurrent state
+# slot per verified row of a request (vLLM's hybrid speculation). These twins of
+# ``kernels/gdn_tree.py`` take that layout: per row, where its conv window reads and which
+# slots its state comes from and goes to.
+
+def tree_conv_rows(x: torch.Tensor, conv_state: torch.Tensor, window_slot: torch.Tensor,
+                   window_start: torch.Tensor, row_request: torch.Tensor,
+                   sources: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   activation: str | None = "silu") -> torch.Tensor:
+    """Every row's depthwise causal conv along its own ancestor path, in fp32.
+
+    x [N, C] the rows' inputs; conv_state [slots, C, L] (read only); request s's committed
+    inputs are ``conv_state[window_slot[s], :, window_start[s] + j]`` for j = 0..W-2 (oldest
+    first); row_request [N]; sources [N, W] newest first: ``i >= 0`` reads row i of ``x``,
+    ``-1 - j`` the committed input j of the row's request; weight [C, W] (``weight[:, -1]``
+    multiplies the row itself); bias [C]. Returns [N, C] in ``x``'s dtype.
+    """
+    committed = (window_start[row_request].unsqueeze(1) + (-1 - sources).clamp(min=0))
+    slots = window_slot[row_request].unsqueeze(1).expand_as(sources)
+    from_window = conv_state[slots, :, committed]  # [N, W, C]
+    from_rows = x[sources.clamp(min=0)]  # [N, W, C]
+    gathered = torch.where((sources >= 0).unsqueeze(-1), from_rows.float(), from_window.float())
+    out = (gathered * weight.float().flip(-1).t()).sum(dim=1)
+    if bias is not None:
+        out = out + bias.float()
+    if activation == "silu":
+        out = F.silu(out)
+    elif activation is not None:
+        raise ValueError(f"activation={activation!r}: 'silu' or None")
+    return out.to(x.dtype)
+
+
+def tree_delta_rule_in_slots(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
+                             row_slot: torch.Tensor, parent_slot: torch.Tensor) -> torch.Tensor:
+    """Every row's recurrence output, each row's state stored in its own slot.
+
+    q, k [N, H, K] (normalised, q scaled, expanded to the value heads); v [N, H, V]; g, beta
+    [N, H]; state [slots, H, V, K] (vLLM's layout, any float dtype), updated in place: row r
+    steps from ``state[parent_slot[r]]`` (the committed state for a root, else its parent
+    row's slot, written earlier: parents come before their children) and stores its state,
+    rounded to the cache dtype, in ``state[row_slot[r]]``. Returns o [N, H, V] in ``v``'s
+    dtype, computed in fp32.
+    """
+    out_dtype = v.dtype
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
+    for row in range(q.shape[0]):  # a reference: one row after another
+        parent = state[parent_slot[row]].float().transpose(-1, -2)  # [H, K, V]
+        new = _delta_step(parent[None], k[row, None], v[row, None], g[row, None],
+                          beta[row, None])[0]
+        out[row] = torch.einsum("hkv,hk->hv", new, q[row])
+        state[row_slot[row]] = new.transpose(-1, -2).to(state.dtype)
+    return out.to(out_dtype)

@@ -154,6 +154,18 @@ def _grid_functions_may_set_pointers() -> None:
     interpreter.GridExecutor.__init__ = __init__
 
 
+def _no_overflow_checks() -> None:
+    """The interpreter checks every 32-bit integer add and multiply of a kernel for
+    overflow (a compiled kernel does so only in debug builds): half of an interpreted GDN
+    layer's time here. Off, as on a GPU; the values computed are the same."""
+    import dataclasses
+
+    import triton.runtime.interpreter as interpreter
+
+    builder = interpreter.interpreter_builder
+    builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+
+
 def _masks_as_booleans() -> None:
     """The interpreter's loads and stores take boolean masks only; a mask that a compiled
     kernel would hold as i1 can reach them as another integer array here (vLLM's Triton
@@ -204,15 +216,6 @@ def _qwen2_vl_image_processor_without_torchvision() -> None:
     sys.meta_path.insert(0, PilTwin())
 
 
-if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-    _install()
-    _patch_language_once_per_launch()
-    _grid_functions_may_set_pointers()
-    _masks_as_booleans()
-    _qwen2_vl_image_processor_without_torchvision()
-
-
 def _on_import(module_name: str, after=None, around=None) -> None:
     """Run ``after(module)`` once ``module_name`` has been imported, and its import inside
     ``around()`` (a context manager) if given; ``after`` at once if it already is."""
@@ -247,40 +250,44 @@ def _on_import(module_name: str, after=None, around=None) -> None:
 
 
 def _cuda_path_on_cpu() -> None:
-    """The kernels a GPU engine runs, on this CPU (``DARTREE_TEST_CUDA_PATH=1``): vLLM's
-    TRITON_ATTN attention backend, and the Triton (``forward_cuda``) path of Qwen's
-    Gated-DeltaNet layers instead of their C++ CPU ops; every Triton kernel in the
-    interpreter. Three answers change: the CPU platform names TRITON_ATTN as its attention
-    backend; CUDA's device capability reads (9, 0) (TRITON_ATTN's KV write picks its tile
-    by it); a GDN layer binds ``forward_cuda`` with the Triton spec-decode kernel (the
-    fused CUDA chain kernel does not exist here, as on a GPU that lacks it), with the
-    Triton conv ops and unpacked conv weights."""
+    """The kernels a GPU engine runs, on this CPU, for an engine that asks for
+    ``attention_backend="TRITON_ATTN"``: vLLM's Triton attention backend, and the Triton
+    (``forward_cuda``) path of Qwen's Gated-DeltaNet layers instead of their C++ CPU ops;
+    every Triton kernel in the interpreter. Other engines run the CPU path as before.
+
+    What changes: the CPU platform answers the engine's TRITON_ATTN request (it would
+    answer CPU_ATTN); CUDA's device capability reads (9, 0) (TRITON_ATTN's KV write picks
+    its tile by it); the conv ops module keeps its Triton functions (a CPU platform binds
+    C++ twins over them; the CPU GDN path imports its own); and in a TRITON_ATTN engine a
+    GDN layer binds ``forward_cuda`` with the Triton spec-decode kernel (the fused CUDA
+    chain kernel does not exist here, as on a GPU without it), its conv weights unpacked
+    (a CPU with AVX-512 BF16 packs them for its C++ conv)."""
     import contextlib
 
     import torch
 
     torch.cuda.get_device_capability = lambda device=None: (9, 0)
 
+    def engine_wants_triton() -> bool:
+        from vllm.config import get_current_vllm_config_or_none
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+        config = get_current_vllm_config_or_none()
+        backend = getattr(getattr(config, "attention_config", None), "backend", None)
+        return backend == AttentionBackendEnum.TRITON_ATTN
+
     def triton_attention(module) -> None:
+        stock = module.CpuPlatform.get_attn_backend_cls.__func__
+
         def get_attn_backend_cls(cls, selected_backend, attn_selector_config,
                                  num_heads=None) -> str:
             from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-            return AttentionBackendEnum.TRITON_ATTN.get_path()
+            if selected_backend == AttentionBackendEnum.TRITON_ATTN:
+                return selected_backend.get_path()
+            return stock(cls, selected_backend, attn_selector_config, num_heads)
 
         module.CpuPlatform.get_attn_backend_cls = classmethod(get_attn_backend_cls)
-
-    def triton_gdn(module) -> None:
-        cls = module.QwenGatedDeltaNetAttention
-        init = cls.__init__
-
-        def __init__(self, *args, **kwargs) -> None:
-            init(self, *args, **kwargs)
-            self._forward_method = self.forward_cuda
-            self.gdn_decode_kernel = "triton"
-            self.enable_fused_gdn_spec_decode = False
-
-        cls.__init__ = __init__
 
     @contextlib.contextmanager
     def platform_not_cpu():
@@ -296,18 +303,36 @@ def _cuda_path_on_cpu() -> None:
         dispatch = module.dispatch_cpu_unquantized_gemm
 
         def dispatch_cpu_unquantized_gemm(layer, remove_weight: bool) -> None:
-            if layer.weight.ndim != 3:  # the conv weights stay [dim, 1, width]
-                dispatch(layer, remove_weight)
+            if layer.weight.ndim != 3 or not engine_wants_triton():
+                dispatch(layer, remove_weight)  # the conv weights stay [dim, 1, width]
 
         module.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
 
+    def triton_gdn(module) -> None:
+        cls = module.QwenGatedDeltaNetAttention
+        init = cls.__init__
+
+        def __init__(self, *args, **kwargs) -> None:
+            init(self, *args, **kwargs)
+            if engine_wants_triton():
+                self._forward_method = self.forward_cuda
+                self.gdn_decode_kernel = "triton"
+                self.enable_fused_gdn_spec_decode = False
+
+        cls.__init__ = __init__
+
     _on_import("vllm.platforms.cpu", after=triton_attention)
-    # The conv ops module binds its C++ CPU twins on a CPU platform: keep the Triton ones.
     _on_import("vllm.model_executor.layers.mamba.ops.causal_conv1d", around=platform_not_cpu)
-    # A CPU with AVX-512 BF16 packs the conv weights for its C++ conv.
     _on_import("vllm.model_executor.layers.utils", after=unpacked_conv_weights)
     _on_import("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", after=triton_gdn)
 
-if (os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1"
-        and os.environ.get("DARTREE_TEST_CUDA_PATH") == "1"):
+
+if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    _install()
+    _patch_language_once_per_launch()
+    _grid_functions_may_set_pointers()
+    _masks_as_booleans()
+    _no_overflow_checks()
     _cuda_path_on_cpu()
+    _qwen2_vl_image_processor_without_torchvision()

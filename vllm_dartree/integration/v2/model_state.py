@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from vllm_dartree.config import DARTreeConfigError
-from vllm_dartree.integration import cpu_gdn, tree_context
+from vllm_dartree.integration import gdn_rows, tree_context
 from vllm_dartree.integration.kv_mover import LayerKv, layer_kv
 from vllm_dartree.integration.step import TreeStep
 from vllm_dartree.integration.verify_plan import (
@@ -77,7 +77,7 @@ class DARTreeModelState:
                        verify_as_chain=self.batch_reads_drafted_prefix(input_batch))
         self.plan = self.step.verify_forward(lambda: self._target_kv(metadata))
         layers = self.vllm_config.compilation_config.static_forward_context
-        recurrent = cpu_gdn.gdn_layers(metadata, layers)
+        recurrent = gdn_rows.gdn_layers(metadata, layers)
         self.recurrent_layers = recurrent if self.plan else []
         # Also without a plan (None): a backend may hand out the same metadata object again.
         tree_context.attach({id(m): m for _, m in [*self._target_layers(metadata), *recurrent]
@@ -86,15 +86,15 @@ class DARTreeModelState:
 
     def commit_recurrent_state(self, paths) -> None:
         """After acceptance: a hybrid target's GDN state and conv window of each accepted
-        path where the next step reads them (``cpu_gdn.commit_accepted_paths``)."""
+        path where the next step reads them (``gdn_rows.commit_accepted_paths``)."""
         layers, self.recurrent_layers = self.recurrent_layers, []
-        cpu_gdn.commit_accepted_paths(layers, paths)
+        gdn_rows.commit_accepted_paths(layers, paths)
 
     def _target_layers(self, metadata: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
         """(layer, attention metadata) of every target attention layer of this forward (the
         drafter builds its own metadata; its layers are marked ``is_draft_layer``). A hybrid
         target's GDN/Mamba layers have metadata without a slot mapping (their state lives in
-        per-request state slots, ``cpu_gdn``): they are not attention layers here."""
+        per-request state slots, ``gdn_rows``): they are not attention layers here."""
         layers = self.vllm_config.compilation_config.static_forward_context
         for name, item in metadata.items():
             layer = layers.get(name)
