@@ -68,7 +68,11 @@ def load(kind: str, spec: tiny.HybridTargetSpec) -> torch.nn.Module:
 
 
 def main() -> None:
+    import transformers
+
     torch.set_num_threads(1)  # a tiny model: one thread is as fast and spares shared cores
+    transformers.logging.set_verbosity_error()  # the GDN kernels' fallback notice
+    transformers.utils.logging.disable_progress_bar()
     spec = tiny.HybridTargetSpec()
     prompts = tiny.random_prompts(48, spec.vocab_size, seed=21, min_len=2, max_len=40)
     with torch.no_grad():
