@@ -31,6 +31,10 @@ Checks (on the GPU; exit status 1 when any fails):
   gdn_tree           hybrid targets: the Gated-DeltaNet tree recurrence, kernel vs twin
                      (``tree/gdn.py``) on random depth-first trees, fp32 and bf16; the
                      committed state is left unchanged.
+  gdn_rows           the kernels a tree step on a GDN target launches per layer
+                     (``integration/gpu_gdn.py``): the recurrence in vLLM's per-row state
+                     slots and the tree conv over flat rows, vs their twins (bf16 inputs,
+                     fp32 states, random trees of 16 and 64 nodes).
 
 Timings (median of many runs, CUDA events): tree build per step for every
 ``vllm_dartree.tree.build_tree`` variant (drafter hidden 4096, GRU 1024, E 256, K 64, W 12,
@@ -41,7 +45,13 @@ tree attention for 1 + 64 rows over 1k/8k/32k context (32 query heads, 8 kv head
 (K and V caches) vs the twin, and the GDN tree recurrence of one layer at Qwen3.6-27B shapes
 (48 value heads, K = V = 128, bf16 inputs, fp32 state) for trees of 16, 32 and 64 nodes
 against the same kernel on the 16-row chain a DFlash N = 15 verify runs, 1 and 8 requests
-(times 48 GDN layers for a step).
+(times 48 GDN layers for a step); the same for the engine-layout kernels (recurrence in
+slots + tree conv of 10240 channels).
+
+What the CPU lane cannot show and this script does not either: CUDA-graph capture of a
+whole engine step and vLLM's routing to its fused CUDA chain kernel need vLLM, which this
+machine does not have (``tests/v2/test_v2_cuda_path*.py`` run the same plugin code under the
+Triton interpreter).
 
 Modes:
   --dry-run       CPU, Triton interpreter, tiny shapes: proves the script runs (tests use it).
@@ -95,7 +105,12 @@ from vllm_dartree.tree import (  # noqa: E402
     build_tree,
     packed_ancestor_mask,
 )
-from vllm_dartree.tree.gdn import tree_gated_delta_rule  # noqa: E402
+from vllm_dartree.tree.gdn import (  # noqa: E402
+    conv_ancestors,
+    tree_conv_rows,
+    tree_delta_rule_in_slots,
+    tree_gated_delta_rule,
+)
 from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size  # noqa: E402
 from vllm_dartree.tree.types import DraftTree, depth_first, padded_tree  # noqa: E402
 
@@ -671,6 +686,97 @@ def time_gdn_tree(cfg: Config, gen: torch.Generator) -> dict:
     return results
 
 
+def gdn_rows_case(cfg: Config, gen: torch.Generator, requests: int, nodes: int,
+                  chain: bool = False) -> tuple[dict, dict]:
+    """Arguments of the engine-layout kernels (``gdn_tree.delta_rule_in_slots_triton``,
+    ``tree_conv_rows_triton``) for ``requests`` trees (or chains) of ``nodes`` nodes laid
+    out flat as vLLM verifies them: bf16 inputs, fp32 states in per-row slots, a bf16 conv
+    window of Qwen3.6-27B's 10240 channels (2 x 16 key heads + 48 value heads of 128 in the
+    full config) at each request's first slot."""
+    rows, width = 1 + nodes, 4
+    key_heads = max(cfg.gdn_heads // 3, 1)
+    channels = (2 * key_heads * cfg.gdn_key + cfg.gdn_heads * cfg.gdn_value)
+    parents = (torch.arange(rows) - 1).clamp(min=0).expand(requests, rows).clone()
+    if not chain:
+        parents = (torch.rand(requests, rows, generator=gen) * torch.arange(rows)).long()
+        parents[:, 0] = 0
+    slots = torch.randperm(requests * rows, generator=gen).view(requests, rows)
+    starts = torch.arange(requests + 1) * rows
+    row_request = torch.arange(requests).repeat_interleave(rows)
+    local = torch.arange(requests * rows) % rows
+    window = conv_ancestors(parents, width)[row_request, local]
+    sources = torch.where(window >= width - 1, starts[row_request, None] + window - (width - 1),
+                          -1 - window)
+    n = requests * rows
+    q = torch.nn.functional.normalize(torch.randn(n, cfg.gdn_heads, cfg.gdn_key, generator=gen),
+                                      dim=-1) * cfg.gdn_key ** -0.5
+    k = torch.nn.functional.normalize(torch.randn(n, cfg.gdn_heads, cfg.gdn_key, generator=gen),
+                                      dim=-1)
+    dev = cfg.device
+    recurrence = dict(
+        q=q.bfloat16().to(dev), k=k.bfloat16().to(dev),
+        v=torch.randn(n, cfg.gdn_heads, cfg.gdn_value, generator=gen).bfloat16().to(dev),
+        g=(-torch.rand(n, cfg.gdn_heads, generator=gen)).to(dev),
+        beta=torch.rand(n, cfg.gdn_heads, generator=gen).to(dev),
+        state=torch.randn(requests * rows, cfg.gdn_heads, cfg.gdn_value, cfg.gdn_key,
+                          generator=gen).to(dev),
+        row_slot=slots.flatten().to(dev),
+        parent_slot=torch.where(local == 0, slots[row_request, 0],
+                                slots[row_request, parents[row_request, local]]).to(dev),
+        request_starts=starts.to(dev))
+    conv = dict(
+        x=torch.randn(n, channels, generator=gen).bfloat16().to(dev),
+        conv_state=torch.randn(requests * rows, width - 1 + nodes, channels,
+                               generator=gen).bfloat16().to(dev).transpose(1, 2),
+        window_slot=slots[:, 0].to(dev), window_start=torch.zeros(requests, dtype=torch.int64,
+                                                                  device=dev),
+        row_request=row_request.to(dev), sources=sources.to(dev),
+        weight=torch.randn(channels, width, generator=gen).bfloat16().to(dev),
+        bias=None)
+    return recurrence, conv
+
+
+def check_gdn_rows(cfg: Config, gen: torch.Generator) -> dict:
+    """The engine-layout GDN kernels (what ``integration/gpu_gdn.py`` launches in a tree
+    step) vs their twins: outputs, every row's stored state, the conv outputs."""
+    failures, cases = [], 0
+    tolerance = {"rtol": 2 ** -7, "atol": 2e-2}
+    for requests, nodes in ((1, cfg.gdn_nodes[0]), (3, cfg.gdn_nodes[-1])):
+        recurrence, conv = gdn_rows_case(cfg, gen, requests, nodes)
+        state = recurrence["state"].clone()
+        got = gdn_tree.delta_rule_in_slots_triton(**recurrence)
+        twin_args = {**recurrence, "state": state}
+        twin_args.pop("request_starts")
+        expected = tree_delta_rule_in_slots(**twin_args)
+        conv_got = gdn_tree.tree_conv_rows_triton(**conv)
+        conv_expected = tree_conv_rows(**conv)
+        cases += 1
+        checks = {"outputs": torch.allclose(got.float(), expected.float(), **tolerance),
+                  "states": torch.allclose(recurrence["state"], state, **tolerance),
+                  "conv": torch.allclose(conv_got.float(), conv_expected.float(), **tolerance)}
+        if not all(checks.values()):
+            failures.append({"requests": requests, "nodes": nodes, **checks})
+    return {"ok": not failures, "cases": cases, "failures": failures}
+
+
+def time_gdn_rows(cfg: Config, gen: torch.Generator) -> dict:
+    """One GDN layer of a tree step on the Triton path (tree conv + recurrence in slots) for
+    trees of 16/32/64 nodes, against the same kernels on a 16-row chain."""
+    results = {}
+    for requests in (1, 8):
+        row = {}
+        for name, nodes, chain in [("chain", cfg.gdn_chain_rows - 1, True),
+                                   *((f"tree{n}", n, False) for n in cfg.gdn_nodes)]:
+            recurrence, conv = gdn_rows_case(cfg, gen, requests, nodes, chain)
+            row[name] = {
+                "recurrence": timed(lambda a=recurrence: gdn_tree.delta_rule_in_slots_triton(**a),
+                                    cfg.repeats, cfg.device),
+                "conv": timed(lambda a=conv: gdn_tree.tree_conv_rows_triton(**a), cfg.repeats,
+                              cfg.device)}
+        results[f"R{requests}"] = row
+    return results
+
+
 AOT_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
              torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
              torch.uint8: "u8"}
@@ -730,6 +836,9 @@ def compile_launches(dry: bool) -> list[tuple[Callable, dict]]:
     fn, _, kwargs = gdn_tree.gdn_tree_launch(*gdn_case(
         replace(FULL, device="cpu", gdn_heads=2), gen, 1, 4, torch.bfloat16)[:8])
     launches.append((fn, kwargs))
+    recurrence, conv = gdn_rows_case(replace(FULL, device="cpu", gdn_heads=3), gen, 1, 4)
+    launches.append(gdn_tree.delta_rule_in_slots_launch(**recurrence)[::2])
+    launches.append(gdn_tree.tree_conv_rows_launch(**conv)[::2])
     scores = torch.zeros(2, 192)
     launches.append((topb._top_b_rows, dict(
         scores_ptr=scores, kept_ptr=torch.zeros(2, 64, dtype=torch.int64), n=192, b=64,
@@ -763,11 +872,13 @@ def run_checks_and_timings(cfg: Config) -> dict:
              ("checks", "correction_graphs", check_correction_graphs),
              ("checks", "positions_buffer", check_positions_buffer),
              ("checks", "gdn_tree", check_gdn_tree),
+             ("checks", "gdn_rows", check_gdn_rows),
              ("timings", "tree_build", time_tree_build),
              ("timings", "top_b", time_top_b),
              ("timings", "tree_attention", time_tree_attention),
              ("timings", "compaction", time_compaction),
-             ("timings", "gdn_tree", time_gdn_tree)]
+             ("timings", "gdn_tree", time_gdn_tree),
+             ("timings", "gdn_rows", time_gdn_rows)]
     for section, name, step in steps:
         begin = time.perf_counter()
         report[section][name] = step(cfg, gen)
@@ -801,6 +912,10 @@ def print_timings(timings: dict) -> None:
                           if name.startswith("tree") and not name.endswith("_depth"))
         print(f"  gdn tree, one layer, {requests}: chain({row['chain_rows']} rows) "
               f"{row['chain']['median_ms']:8.3f} ms  {trees}")
+    for requests, row in timings["gdn_rows"].items():
+        print(f"  gdn rows in slots, one layer, {requests}: " + "  ".join(
+            f"{name} {value['recurrence']['median_ms']:.3f} + {value['conv']['median_ms']:.3f} ms"
+            for name, value in row.items()))
 
 
 def main(argv: list[str] | None = None) -> int:

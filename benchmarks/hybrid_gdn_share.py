@@ -4,7 +4,7 @@ clear margins (float32 transformers, CPU; no vLLM).
     .venv/bin/python benchmarks/hybrid_gdn_share.py
 
 For the default Qwen3-Next (``write_hybrid_target``) and Qwen3.5 (``write_qwen3_5_target``)
-fixtures: greedy decoding of 24 tokens for tests/v2/test_v2_hybrid.py's 48 candidate prompts,
+fixtures, and their GDN-head-dim-32 versions for the Triton path (``TRITON_HYBRID_TARGET``): greedy decoding of 24 tokens for tests/v2/test_v2_hybrid.py's 48 candidate prompts,
 once as written and once with every GDN layer's ``out_proj`` zeroed. The GDN share is the
 fraction of generated tokens (position-wise) that differ: a fixture whose output the
 attention/MLP layers alone decide would let a broken GDN state (wrong slot, shifted conv
@@ -73,11 +73,12 @@ def main() -> None:
     torch.set_num_threads(1)  # a tiny model: one thread is as fast and spares shared cores
     transformers.logging.set_verbosity_error()  # the GDN kernels' fallback notice
     transformers.utils.logging.disable_progress_bar()
-    spec = tiny.HybridTargetSpec()
-    prompts = tiny.random_prompts(48, spec.vocab_size, seed=21, min_len=2, max_len=40)
+    cpu, triton = tiny.HybridTargetSpec(), tiny.TRITON_HYBRID_TARGET
+    prompts = tiny.random_prompts(48, cpu.vocab_size, seed=21, min_len=2, max_len=40)
     with torch.no_grad():
-        for kind in ("qwen3_next", "qwen3_5"):
-            result = measure(load(kind, spec), prompts)
+        for kind, spec in (("qwen3_next", cpu), ("qwen3_5", cpu), ("qwen3_next (head 32)", triton),
+                           ("qwen3_5 (head 32)", triton)):
+            result = measure(load(kind.split()[0], spec), prompts)
             print(f"{kind}: GDN share {result['gdn_share']:.3f}, clear-margin prompts "
                   + ", ".join(f">= {m}: {result[f'clear@{m}']}/48" for m in MARGINS)
                   + f" (one float32 greedy pass: {result['greedy_pass_s']:.1f} s)")

@@ -73,6 +73,41 @@ def tiny_hybrid_dflash():
     return tiny_models.write_drafter(tiny_models.DrafterSpec(**HYBRID_DRAFTER))
 
 
+# The same targets with GDN head dim 32, for the Triton (CUDA-path) GDN layer
+# (tests/v2/test_v2_cuda_path_hybrid.py), and drafters reading a GDN and an attention layer.
+TRITON_HYBRID_DRAFTER = {"target": tiny_models.TRITON_HYBRID_TARGET, "target_layer_ids": (1, 3)}
+
+
+@pytest.fixture(scope="session")
+def tiny_triton_hybrid_target():
+    return tiny_models.write_hybrid_target(tiny_models.TRITON_HYBRID_TARGET)
+
+
+@pytest.fixture(scope="session")
+def tiny_triton_hybrid_domino():
+    return tiny_models.write_drafter(tiny_models.DrafterSpec(**TRITON_HYBRID_DRAFTER,
+                                                             domino=True))
+
+
+@pytest.fixture(scope="session")
+def tiny_triton_hybrid_dspark():
+    """Sharing the target's embed_tokens / lm_head, as an untrained drafter then drafts
+    tokens the target also favours: some are accepted."""
+    return tiny_models.write_drafter(tiny_models.DrafterSpec(**TRITON_HYBRID_DRAFTER, **DSPARK,
+                                                             own_embeddings=False))
+
+
+@pytest.fixture(scope="session")
+def tiny_triton_qwen3_5_target():
+    return tiny_models.write_qwen3_5_target(tiny_models.TRITON_HYBRID_TARGET)
+
+
+@pytest.fixture(scope="session")
+def tiny_triton_qwen3_5_domino():
+    return tiny_models.write_drafter(tiny_models.DrafterSpec(
+        **TRITON_HYBRID_DRAFTER, text_weight_prefix="model.language_model.", domino=True))
+
+
 # Qwen3.5 in its released vision-language layout (M-RoPE; the Qwen3-Next layers' shapes, a
 # dense MLP), with drafters naming their backbone by its text-model path.
 QWEN3_5_DRAFTER = {**HYBRID_DRAFTER, "text_weight_prefix": "model.language_model."}
@@ -141,6 +176,25 @@ def pair():
     from vllm_dartree.models.tiny_pair import trained_tiny_pair
 
     return trained_tiny_pair()
+
+
+@pytest.fixture
+def preemptions(monkeypatch):
+    """The request ids vLLM's scheduler preempts while the test runs (in-process engines).
+    vLLM's CPU worker sizes its KV cache from VLLM_CPU_KVCACHE_SPACE, whatever
+    ``kv_cache_memory_bytes`` says: a test that needs preemption sets
+    ``num_gpu_blocks_override`` and checks this list."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    preempted: list[str] = []
+    preempt = Scheduler._preempt_request
+
+    def counting(self, request, *args, **kwargs):
+        preempted.append(request.request_id)
+        return preempt(self, request, *args, **kwargs)
+
+    monkeypatch.setattr(Scheduler, "_preempt_request", counting)
+    return preempted
 
 
 @pytest.fixture(scope="module")

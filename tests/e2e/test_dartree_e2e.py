@@ -172,16 +172,19 @@ def test_one_request_reaching_max_model_len_while_others_decode(engines, tiny_ta
     assert generate_ids(llm, prompts, sampling) == expected
 
 
-def test_prefix_caching_and_preemption(engines, tiny_target, tiny_domino):
-    """Shared prefixes with prefix caching on, and a KV cache small enough to preempt."""
+def test_prefix_caching_and_preemption(engines, tiny_target, tiny_domino, preemptions):
+    """Shared prefixes with prefix caching on, and a KV cache of 40 blocks of 32 tokens:
+    requests are preempted (counted) and resumed."""
     stem = random_prompts(1, VOCAB, seed=8, min_len=140, max_len=140)[0]
     prompts = [stem + tail for tail in random_prompts(12, VOCAB, seed=9, min_len=1, max_len=30)]
     engine = {"max_model_len": 384, "max_num_seqs": 12, "max_num_batched_tokens": 1024,
-              "enable_prefix_caching": True, "kv_cache_memory_bytes": 3 << 20}
+              "enable_prefix_caching": True, "block_size": 32, "num_gpu_blocks_override": 40}
     sampling = params(max_tokens=120)
     expected = generate_ids(engines.get(model=str(tiny_target), **engine), prompts, sampling)
     llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **engine)
+    preemptions.clear()
     assert generate_ids(llm, prompts, sampling) == expected
+    assert preemptions
 
 
 def test_prefix_reading_sampling_falls_back_to_chain(engines, tiny_target, tiny_domino):

@@ -98,6 +98,26 @@ def test_every_tree_on_a_qwen3_next_target_passes_the_config_gate(tiny_hybrid_ta
     assert config.model_config.is_hybrid and config.speculative_config.dartree.tree == tree
 
 
+@pytest.mark.parametrize("arch", ["Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration",
+                                  "Qwen3_5MoeForCausalLM"])
+def test_trees_on_gdn_targets_are_accepted_on_cuda(monkeypatch, arch):
+    """On a GPU (any checked release) the Triton GDN layer verifies tree rows
+    (integration/gpu_gdn.py); other recurrent layers still verify chains only."""
+    from vllm.platforms import current_platform
+
+    from vllm_dartree.integration import compat
+
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: False)
+    monkeypatch.setattr(compat.CpuGdnConvWindowFix, "applies_here", classmethod(lambda c: False))
+    monkeypatch.setattr(compat.CpuGdnConvWindowFix, "is_applied", classmethod(lambda c: False))
+    assert refusals.tree_rows_in_recurrent_layers(SimpleNamespace(architectures=[arch]))
+    assert not refusals.tree_rows_in_recurrent_layers(
+        SimpleNamespace(architectures=["JambaForCausalLM"]))
+    # On a CPU the CPU ops verify tree rows only where the plugin replaces them (0.32).
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: True)
+    assert not refusals.tree_rows_in_recurrent_layers(SimpleNamespace(architectures=[arch]))
+
+
 def test_trees_on_other_hybrid_targets_name_the_supported_ones(tmp_path, tiny_domino):
     model = config_only_target(tmp_path, "jamba", architectures=["JambaForCausalLM"],
                                model_type="jamba", attn_layer_period=2, attn_layer_offset=1,

@@ -31,8 +31,9 @@ def test_dry_run_passes_every_check(tmp_path):
     assert report["environment"]["interpreter"] is True
     checks = report["checks"]
     assert set(checks) == {"top_b", "tree_attention", "compaction", "correction_graphs",
-                           "positions_buffer", "gdn_tree"}
+                           "positions_buffer", "gdn_tree", "gdn_rows"}
     assert checks["gdn_tree"]["cases"] == 4
+    assert checks["gdn_rows"]["cases"] == 2
     assert checks["positions_buffer"]["ok"] and checks["positions_buffer"]["steps"] == 3
     assert all(check["ok"] for check in checks.values())
     # Every kernel case also ran on the views of a vLLM page that production passes.
@@ -63,5 +64,6 @@ def test_kernels_compile_for_sm90(tmp_path):
     report = json.loads(out.read_text())
     kernels = {row["kernel"] for row in report["compile"]["kernels"]}
     assert kernels == {"_tree_attention_fwd", "_merge_splits", "_copy_slots",
-                       "_top_b_rows", "_gdn_tree_rows"}
+                       "_top_b_rows", "_gdn_tree_rows", "_delta_rule_in_slots",
+                       "_tree_conv_rows"}
     assert all(row["ok"] for row in report["compile"]["kernels"])  # fits in shared memory

@@ -140,13 +140,10 @@ def test_the_dspark_head_on_the_cuda_path(engines, trained_tiny_dspark, pair, re
 
 
 def test_max_model_len_chunked_prefill_and_preemption_on_the_cuda_path(engines, pair,
-                                                                        monkeypatch):
+                                                                        preemptions):
     """Long prompts prefilled in chunks (longer than a step's token budget), a KV cache of 5
     blocks of 32 tokens (requests are preempted: counted), and requests that run into
-    max_model_len while others decode. vLLM's CPU worker sizes its cache from
-    VLLM_CPU_KVCACHE_SPACE, not ``kv_cache_memory_bytes``: the block count is overridden."""
-    from vllm.v1.core.sched.scheduler import Scheduler
-
+    max_model_len while others decode."""
     target, drafter = pair
     prompts = (random_prompts(4, 32, seed=42, min_len=4, max_len=10)
                + random_prompts(2, 32, seed=41, min_len=70, max_len=80))
@@ -156,14 +153,9 @@ def test_max_model_len_chunked_prefill_and_preemption_on_the_cuda_path(engines, 
     expected = generate_ids(engines.get(model=str(target), **engine), prompts, sampling)
     assert any(len(p) + len(out) == 96 for p, out in zip(prompts, expected))
     llm = engines.get(model=str(target), **engine, speculative_config=dartree(drafter, **TREE))
-    preempted = []
-    preempt = Scheduler._preempt_request
-    monkeypatch.setattr(Scheduler, "_preempt_request",
-                        lambda self, request, *args, **kwargs: (
-                            preempted.append(request.request_id),
-                            preempt(self, request, *args, **kwargs))[1])
+    preemptions.clear()
     assert generate_ids(llm, prompts, sampling) == expected
-    assert preempted
+    assert preemptions
     assert spec_decode_counters(llm)["num_accepted_tokens"] > 0
 
 

@@ -162,6 +162,30 @@ def _delta_rule_in_slots(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, starts
 _delta_rule_in_slots_kernel = LazyKernel(_delta_rule_in_slots)
 
 
+def delta_rule_in_slots_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
+                               row_slot: torch.Tensor, parent_slot: torch.Tensor,
+                               request_starts: torch.Tensor, heads_per_program: int = 1
+                               ) -> tuple:
+    """(python function, grid, kwargs) of the launch (launcher and ahead-of-time check); the
+    kwargs hold the output ``out_ptr``."""
+    rows, heads, key_dim = q.shape
+    value_dim = v.shape[-1]
+    if not state[0].is_contiguous():
+        raise ValueError("the state slots must hold contiguous [H, V, K] heads")
+    out = torch.empty(rows, heads, value_dim, dtype=v.dtype, device=v.device)
+    block_v = min(VALUE_BLOCK, next_power_of_2(value_dim))
+    grid = (request_starts.numel() - 1, -(-heads // heads_per_program),
+            -(-value_dim // block_v))
+    kwargs = dict(q_ptr=q.contiguous(), k_ptr=k.contiguous(), v_ptr=v.contiguous(),
+                  g_ptr=g.contiguous(), beta_ptr=beta.contiguous(), state_ptr=state,
+                  starts_ptr=request_starts.contiguous(), row_slot_ptr=row_slot.contiguous(),
+                  parent_slot_ptr=parent_slot.contiguous(), out_ptr=out, heads=heads,
+                  stride_slot=state.stride(0), K=key_dim, V=value_dim, BH=heads_per_program,
+                  BK=next_power_of_2(key_dim), BV=block_v)
+    return _delta_rule_in_slots, grid, kwargs
+
+
 def delta_rule_in_slots_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
                                row_slot: torch.Tensor, parent_slot: torch.Tensor,
@@ -172,23 +196,12 @@ def delta_rule_in_slots_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ``request_starts[s]:request_starts[s + 1]`` (a slot is written by one request only).
     ``heads_per_program`` (a power of two) only tiles the work differently."""
     require_launchable(q, "GDN tree recurrence in slots")
-    rows, heads, key_dim = q.shape
-    value_dim = v.shape[-1]
-    if not state[0].is_contiguous():
-        raise ValueError("the state slots must hold contiguous [H, V, K] heads")
-    out = torch.empty(rows, heads, value_dim, dtype=v.dtype, device=v.device)
-    requests = request_starts.numel() - 1
-    block_v = min(VALUE_BLOCK, next_power_of_2(value_dim))
-    grid = (requests, -(-heads // heads_per_program), -(-value_dim // block_v))
-    if rows and requests:
-        _delta_rule_in_slots_kernel[grid](
-            q_ptr=q.contiguous(), k_ptr=k.contiguous(), v_ptr=v.contiguous(),
-            g_ptr=g.contiguous(), beta_ptr=beta.contiguous(), state_ptr=state,
-            starts_ptr=request_starts.contiguous(), row_slot_ptr=row_slot.contiguous(),
-            parent_slot_ptr=parent_slot.contiguous(), out_ptr=out, heads=heads,
-            stride_slot=state.stride(0), K=key_dim, V=value_dim, BH=heads_per_program,
-            BK=next_power_of_2(key_dim), BV=block_v)
-    return out
+    _, grid, kwargs = delta_rule_in_slots_launch(q, k, v, g, beta, state, row_slot,
+                                                 parent_slot, request_starts,
+                                                 heads_per_program)
+    if q.shape[0] and grid[0]:
+        _delta_rule_in_slots_kernel[grid](**kwargs)
+    return kwargs["out_ptr"]
 
 
 def delta_rule_in_slots(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -245,6 +258,30 @@ def _tree_conv_rows(x_ptr, state_ptr, window_slot_ptr, window_start_ptr, request
 _tree_conv_rows_kernel = LazyKernel(_tree_conv_rows)
 
 
+def tree_conv_rows_launch(x: torch.Tensor, conv_state: torch.Tensor, window_slot: torch.Tensor,
+                          window_start: torch.Tensor, row_request: torch.Tensor,
+                          sources: torch.Tensor, weight: torch.Tensor,
+                          bias: torch.Tensor | None, activation: str | None = "silu",
+                          block_rows: int = 16, block_channels: int = 128) -> tuple:
+    """(python function, grid, kwargs) of the launch; the kwargs hold the output."""
+    if activation not in ("silu", None):
+        raise ValueError(f"activation={activation!r}: 'silu' or None")
+    rows, channels = x.shape
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    out = torch.empty_like(x)
+    grid = (-(-rows // block_rows), -(-channels // block_channels))
+    kwargs = dict(
+        x_ptr=x, state_ptr=conv_state, window_slot_ptr=window_slot.contiguous(),
+        window_start_ptr=window_start.contiguous(), request_ptr=row_request.contiguous(),
+        sources_ptr=sources.contiguous(), weight_ptr=weight.contiguous(),
+        bias_ptr=weight if bias is None else bias.contiguous(), out_ptr=out, rows=rows,
+        channels=channels, stride_xr=x.stride(0), stride_ss=conv_state.stride(0),
+        stride_sc=conv_state.stride(1), stride_sl=conv_state.stride(2),
+        stride_or=out.stride(0), HAS_BIAS=bias is not None, SILU=activation == "silu",
+        W=weight.shape[-1], BR=block_rows, BC=block_channels)
+    return _tree_conv_rows, grid, kwargs
+
+
 def tree_conv_rows_triton(x: torch.Tensor, conv_state: torch.Tensor, window_slot: torch.Tensor,
                           window_start: torch.Tensor, row_request: torch.Tensor,
                           sources: torch.Tensor, weight: torch.Tensor,
@@ -253,24 +290,12 @@ def tree_conv_rows_triton(x: torch.Tensor, conv_state: torch.Tensor, window_slot
     """Triton kernel (CUDA, or CPU tensors under TRITON_INTERPRET=1); arguments as the
     twin's (``tree_conv_rows``); the blocks (powers of two) only tile the work."""
     require_launchable(x, "GDN tree conv")
-    if activation not in ("silu", None):
-        raise ValueError(f"activation={activation!r}: 'silu' or None")
-    rows, channels = x.shape
-    width = weight.shape[-1]
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    out = torch.empty_like(x)
-    if rows:
-        _tree_conv_rows_kernel[(-(-rows // block_rows), -(-channels // block_channels))](
-            x_ptr=x, state_ptr=conv_state, window_slot_ptr=window_slot.contiguous(),
-            window_start_ptr=window_start.contiguous(), request_ptr=row_request.contiguous(),
-            sources_ptr=sources.contiguous(), weight_ptr=weight.contiguous(),
-            bias_ptr=weight if bias is None else bias.contiguous(), out_ptr=out, rows=rows,
-            channels=channels, stride_xr=x.stride(0), stride_ss=conv_state.stride(0),
-            stride_sc=conv_state.stride(1), stride_sl=conv_state.stride(2),
-            stride_or=out.stride(0), HAS_BIAS=bias is not None, SILU=activation == "silu",
-            W=width, BR=block_rows, BC=block_channels)
-    return out
+    _, grid, kwargs = tree_conv_rows_launch(x, conv_state, window_slot, window_start,
+                                            row_request, sources, weight, bias, activation,
+                                            block_rows, block_channels)
+    if x.shape[0]:
+        _tree_conv_rows_kernel[grid](**kwargs)
+    return kwargs["out_ptr"]
 
 
 def tree_conv_outputs(x: torch.Tensor, conv_state: torch.Tensor, window_slot: torch.Tensor,

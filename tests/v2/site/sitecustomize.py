@@ -106,9 +106,13 @@ def _patch_language_once_per_launch() -> None:
         return (tl.tensor(interpreter.TensorHandle(np.array([i], np.int32), tl.int32),
                           tl.int32) for i in builtins.range(*(int(b) for b in bounds)))
 
+    languages: dict[int, set[int]] = {}  # per kernel or helper: its language modules
+
     def patch_lang_once(fn):
-        langs = {id(v) for v in fn.__globals__.values()
-                 if inspect.ismodule(v) and v in (tl, tl.core)}
+        if id(fn) not in languages:
+            languages[id(fn)] = {id(v) for v in fn.__globals__.values()
+                                 if inspect.ismodule(v) and v in (tl, tl.core)}
+        langs = languages[id(fn)]
         if langs and langs <= patched:
             scope = interpreter._LangPatchScope()
             patch_aliases(fn, scope)
