@@ -171,15 +171,18 @@ def test_one_request_reaching_max_model_len_while_others_decode(engines, tiny_ta
     assert past_the_limit > 0  # the long request's queries did reach past the limit
 
 
-def test_chunked_prefill_and_preemption(engines, tiny_target, tiny_domino):
-    """Prompts prefilled in chunks and a KV cache small enough to preempt requests."""
+def test_chunked_prefill_and_preemption(engines, tiny_target, tiny_domino, preemptions):
+    """Prompts prefilled in chunks and a KV cache of 24 blocks of 32 tokens: requests are
+    preempted (counted) and resumed."""
     prompts = random_prompts(8, VOCAB, seed=9, min_len=100, max_len=180)
     engine = {"max_model_len": 384, "max_num_seqs": 8, "max_num_batched_tokens": 256,
-              "enable_chunked_prefill": True, "kv_cache_memory_bytes": 1 << 20}
+              "enable_chunked_prefill": True, "block_size": 32, "num_gpu_blocks_override": 24}
     sampling = greedy(60)
     expected = generate_ids(engines.get(model=str(tiny_target), **engine), prompts, sampling)
     llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **engine)
+    preemptions.clear()
     assert generate_ids(llm, prompts, sampling) == expected
+    assert preemptions
 
 
 ADAPTIVE = {"budget_policy": "adaptive", "num_speculative_tokens": 24, "width": 4,
