@@ -1,4 +1,5 @@
 # vllm-dartree: `make demo` and `make test` work on a fresh clone (they set up .venv first).
+SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -26,12 +27,13 @@ demo: setup
 # by side: a test engine computes on one thread (vLLM's CPU worker), so each suite keeps
 # about one core busy. The V2 suite's report is printed after the main suite's.
 V2_LOG := .cache/logs/test-v2.log
+MAIN_LOG := .cache/logs/test-main.log
 test: setup
 	@mkdir -p $(dir $(V2_LOG))
 	@VLLM_USE_V2_MODEL_RUNNER=1 PYTHONPATH=tests/v2/site $(PY) -m pytest -q -p no:cacheprovider \
-	    tests/v2 > $(V2_LOG) 2>&1 & v2=$$!; \
+	    --durations=25 tests/v2 > $(V2_LOG) 2>&1 & v2=$$!; \
 	echo "main suite (the V2 suite runs beside it, report in $(V2_LOG))"; \
-	$(PY) -m pytest -q; main=$$?; \
+	$(PY) -m pytest -q --durations=25 2>&1 | tee $(MAIN_LOG); main=$${PIPESTATUS[0]}; \
 	wait $$v2; v2=$$?; \
 	echo "V2 suite:"; cat $(V2_LOG); \
 	echo "main suite exit $$main, V2 suite exit $$v2"; \

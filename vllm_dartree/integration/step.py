@@ -52,6 +52,9 @@ from vllm_dartree.tree import DraftTree
 from vllm_dartree.tree.budget import AdaptiveBudget
 
 MoveKv = Callable[[AcceptedPaths, Any], None]  # kv_mover.KvMover in an engine
+# The engine's TreeStep, as an attribute of the vLLM object that carries it to the target
+# side (V1: the model runner; V2: the target model, read by the model state).
+STEP_ATTR = "dartree_step"
 
 
 class TreeStep:

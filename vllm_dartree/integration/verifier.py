@@ -58,15 +58,6 @@ class TreeVerifier:
         finally:
             cls._observers.remove(observer)
 
-    def verify(self, plan: VerifyPlan, logits: torch.Tensor, sampling: Any, max_spec_len: int,
-               compact_kv: KvCompactor) -> tuple[torch.Tensor, AcceptedPaths]:
-        """V1: the target's choice at every logits row from vLLM's V1 SamplingMetadata
-        (``all_greedy``, ``temperature``, ``top_k``, ``top_p`` per request, ``generators``
-        by batch position), then :meth:`accept`."""
-        with StepProfile.phase("accept", logits.device):
-            choice = self.target_choice(logits, plan, sampling)  # [num_logit_rows]
-        return self.accept(plan, choice, max_spec_len + 1, compact_kv)
-
     def accept(self, plan: VerifyPlan, choice: torch.Tensor, columns: int,
                compact_kv: KvCompactor) -> tuple[torch.Tensor, AcceptedPaths]:
         """-> (sampled token ids [R, columns] int32, -1 padded: each request's accepted

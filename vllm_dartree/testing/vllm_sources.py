@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_dartree.env import cache_dir
-from vllm_dartree.integration.touchpoints import CHECKED_RELEASES, VllmRelease
+from vllm_dartree.integration.touchpoints import VllmRelease
 
 
 def installed_source_root(distribution: str) -> Path:
@@ -74,10 +74,6 @@ def _download_wheel(release: VllmRelease) -> Path:
         raise RuntimeError(f"{wheel.name} has sha256 {digest.hexdigest()}, pinned "
                            f"{release.sha256}")
     return wheel
-
-
-def release_roots() -> dict[str, Path]:
-    return {release.version: release_source_root(release) for release in CHECKED_RELEASES}
 
 
 # ---------------------------------------------------------------------------- resolving

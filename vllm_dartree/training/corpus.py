@@ -29,7 +29,6 @@ import torch
 
 from vllm_dartree.bench.datasets import LOADERS, data_file, jsonl_rows
 from vllm_dartree.bench.datasets import MATH_SUFFIX as REASON_SUFFIX
-from vllm_dartree.env import cache_dir
 from vllm_dartree.training.data import check_no_overlap
 from vllm_dartree.wheels import wheel_member
 
@@ -121,10 +120,6 @@ class Mixture:
     sharegpt: int
     code: int  # ShareGPT programming requests
     seed: int = 0
-
-    def total(self) -> int:
-        return self.gsm8k + self.math + self.sharegpt + self.code
-
 
 def training_prompts(mix: Mixture) -> list[tuple[str, str]]:
     """(source, text) pairs, shuffled (a partial run still sees the whole mixture).
@@ -218,16 +213,3 @@ def _generate_chunks(cfg: GenerationConfig, prompts: Sequence[Sequence[int]],
         shutdown_llm(llm)
 
 
-def load_chunks(paths: Sequence[Path]) -> tuple[list[list[int]], list[list[int]]]:
-    """(prompt_ids, response_ids) of every chunk file, concatenated."""
-    prompts: list[list[int]] = []
-    responses: list[list[int]] = []
-    for path in paths:
-        data = torch.load(path, weights_only=True)
-        prompts += data["prompt_ids"]
-        responses += data["response_ids"]
-    return prompts, responses
-
-
-def default_responses_dir() -> Path:
-    return cache_dir() / "training" / "smollm2" / "responses"

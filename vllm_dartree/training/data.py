@@ -229,10 +229,3 @@ def sample_anchors(
         max=(lengths - 1).unsqueeze(1))
 
 
-def random_token_prompts(n: int, vocab_size: int, length: int, seed: int,
-                         exclude: Sequence[int] = ()) -> list[list[int]]:
-    """Uniform random token-id prompts (for targets without data, e.g. tiny test targets)."""
-    gen = torch.Generator().manual_seed(seed)
-    allowed = torch.tensor([t for t in range(vocab_size) if t not in set(exclude)])
-    picks = torch.randint(len(allowed), (n, length), generator=gen)
-    return allowed[picks].tolist()

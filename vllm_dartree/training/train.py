@@ -105,12 +105,6 @@ class TrainConfig:
     progress: bool = True
     feature_cache_bytes: int = 2 << 30  # precompute target features below this size
 
-    def arch_fields(self) -> dict:
-        return {k: getattr(self, k) for k in (
-            "block_size", "layers", "head", "gru_hidden_dim", "emb_dim", "markov_rank",
-            "confidence_head", "intermediate_size", "target_layer_ids", "mask_token_id")}
-
-
 @dataclass
 class TrainResult:
     drafter_dir: Path

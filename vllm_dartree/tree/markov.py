@@ -49,10 +49,6 @@ class MarkovHead:
         return self.markov_w1.shape[0]
 
     @property
-    def rank(self) -> int:
-        return self.markov_w1.shape[1]
-
-    @property
     def hidden_size(self) -> None:
         return None  # the Markov bias reads no drafter hidden state
 

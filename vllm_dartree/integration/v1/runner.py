@@ -16,13 +16,12 @@ from vllm_dartree.integration.drafting import dartree_settings
 from vllm_dartree.integration.kv_mover import KvMover, LayerKv, layer_kv
 from vllm_dartree.integration.patching import ModuleGlobalSwap, VllmPatch
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
-from vllm_dartree.integration.step import TreeStep
+from vllm_dartree.integration.step import STEP_ATTR, TreeStep
 from vllm_dartree.integration.v1.proposer import DARTreeProposer
 from vllm_dartree.integration.verifier import TreeVerifier
 from vllm_dartree.integration.verify_plan import needs_chain_verification
 
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
-STEP_ATTR = "dartree_step"  # the TreeStep of a dartree runner
 
 
 def tree_step_of(runner) -> TreeStep | None:

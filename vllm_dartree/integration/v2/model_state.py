@@ -30,7 +30,7 @@ import torch
 from vllm_dartree.config import DARTreeConfigError
 from vllm_dartree.integration import gdn_rows, tree_context
 from vllm_dartree.integration.kv_mover import LayerKv, layer_kv
-from vllm_dartree.integration.step import TreeStep
+from vllm_dartree.integration.step import STEP_ATTR, TreeStep
 from vllm_dartree.integration.verify_plan import (
     VerifyPlan,
     needs_chain_verification,
@@ -38,7 +38,6 @@ from vllm_dartree.integration.verify_plan import (
     write_depth_positions,
 )
 
-STEP_ATTR = "dartree_step"  # on the target model: the engine's TreeStep (set by the speculator)
 _COMPOSED: dict[type, type] = {}
 
 
