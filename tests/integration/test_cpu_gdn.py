@@ -94,3 +94,88 @@ def test_a_tree_step_then_its_commit_equal_the_accepted_chain():
     torch.testing.assert_close(ssm_tree[column], ssm_chain[column], atol=2e-2, rtol=2e-2)
     window = slice(len(path) - 1, len(path) - 1 + WIDTH - 1)
     assert torch.equal(conv_tree[slots[0, 0], :, window], conv_chain[slots[0, 0], :, window])
+
+
+def _fp32_chain(layer, query, key, value, a, b, initial):
+    """The gated delta rule over a chain of rows in float32, as vLLM's CPU GDN ops define its
+    inputs: q, k L2-normalised with eps 1e-5 under the root (q also scaled by dim^-1/2),
+    ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``. (out, states)."""
+    from vllm_dartree.tree.gdn import tree_gated_delta_rule
+
+    def normalised(x):
+        x = x.float()
+        return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-5)
+
+    rows = query.shape[0]
+    q = (normalised(query) * DIM ** -0.5).repeat_interleave(HV // HK, dim=1)
+    k = normalised(key).repeat_interleave(HV // HK, dim=1)
+    g = -layer.A_log.float().exp() * torch.nn.functional.softplus(
+        a.float() + layer.dt_bias.float())
+    out, states = tree_gated_delta_rule(
+        q[None], k[None], value.float()[None], g[None], b.float().sigmoid()[None],
+        initial.float()[None], (torch.arange(rows).clamp(min=1) - 1)[None], return_states=True)
+    return out[0], states[0]
+
+
+def test_a_chain_step_is_the_float32_recurrence_rounded_once(monkeypatch):
+    """The chain path (vLLM's ``fused_sigmoid_gating_delta_rule_update_spec_cpu``): every
+    request starts from state column ``num_accepted - 1``, keeps float32 states from row to
+    row (stored per row, unrounded), and its output is the float32 recurrence rounded once to
+    bfloat16; the plugin's tree rows given chain parents agree with it to that rounding
+    (and the normalisation's eps: ``F.normalize`` there).
+    Inputs at the tiny hybrid fixture's scale (conv weights std 0.02: |q|^2 ~ 0.01, where
+    the L2 norm's eps shows). A wrong state column would be hundreds of ulps off
+    (benchmarks/hybrid_chain_rounding.py measures the same on the engine's own rows)."""
+    gen = torch.Generator().manual_seed(3)
+    num_spec, lengths, accepted = 5, [2, 6], [1, 4]
+    total = sum(lengths)
+    x = (torch.randn(total, CHANNELS, generator=gen) * 0.5).to(torch.bfloat16)
+    a = torch.randn(total, HV, generator=gen).to(torch.bfloat16)
+    b = torch.randn(total, HV, generator=gen).to(torch.bfloat16)
+    conv0 = (torch.randn(SLOTS, CHANNELS, WIDTH - 1 + num_spec, generator=gen) * 0.5).to(
+        torch.bfloat16)
+    ssm0 = torch.randn(SLOTS, HV, DIM, DIM, generator=gen) * 0.05
+    slots = torch.tensor([[3, 4, 5, 6, 7, 8], [12, 13, 14, 15, 16, 17]])
+    meta = metadata(lengths, slots, accepted)
+    captured = {}
+
+    def record(layer, meta, query, key, value, a_spec, b_spec, ssm_state):
+        captured.update(query=query.clone(), key=key.clone(), value=value.clone(),
+                        before=ssm_state.clone())
+        return original(layer, meta, query, key, value, a_spec, b_spec, ssm_state)
+
+    original = cpu_gdn._chain_recurrence
+    monkeypatch.setattr(cpu_gdn, "_chain_recurrence", record)
+    conv, ssm = conv0.clone(), ssm0.clone()
+    layer = Layer(torch.Generator().manual_seed(1), conv, ssm)
+    layer.conv1d.weight = (layer.conv1d.weight.float() * 0.04).to(torch.bfloat16)
+    chain = step(layer, meta, x, a, b, conv, ssm, num_spec)
+    assert (captured["query"].float() ** 2).sum(-1).median() < 0.05  # the fixture's scale
+
+    starts = [0, lengths[0]]
+    for start, rows, taken, request_slots in zip(starts, lengths, accepted, slots.tolist()):
+        rows_of = slice(start, start + rows)
+        ref, ref_states = _fp32_chain(
+            layer, captured["query"][rows_of], captured["key"][rows_of],
+            captured["value"][rows_of], a[rows_of], b[rows_of],
+            captured["before"][request_slots[taken - 1]])
+        # Within one bfloat16 ulp (2^-7 relative) of the float32 output: one rounding (at
+        # most half an ulp; 0.99 of it here), with room for the accumulation order.
+        error = (chain[rows_of].float() - ref).abs()
+        assert (error <= 2 ** -7 * ref.abs() + 1e-12).all()
+        stored = torch.stack([ssm[s] for s in request_slots[:rows]])
+        torch.testing.assert_close(stored, ref_states, rtol=1e-5, atol=1e-6)
+        if taken > 1:  # a wrong column is far outside that rounding
+            wrong, _ = _fp32_chain(
+                layer, captured["query"][rows_of], captured["key"][rows_of],
+                captured["value"][rows_of], a[rows_of], b[rows_of],
+                captured["before"][request_slots[0]])
+            assert (wrong - ref).abs().max() > 50 * 2 ** -7 * ref.abs().max()
+
+    # The same step through the plugin's float32 tree rows (chain parents).
+    monkeypatch.setattr(cpu_gdn, "row_parents",
+                        lambda plan, position, rows: torch.arange(rows).clamp(min=1) - 1)
+    conv, ssm = conv0.clone(), ssm0.clone()
+    tree = step(layer, meta, x, a, b, conv, ssm, num_spec)
+    scale = chain.float().abs().max()
+    assert (tree.float() - chain.float()).abs().max() <= 1e-2 * scale  # 0.006 here

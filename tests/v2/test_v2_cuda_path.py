@@ -59,7 +59,9 @@ def reference(engines, pair):
     """Target-only output on the lane (greedy and seeded), equal to the CPU backend's."""
     target, _ = pair
     llm = engines.get(model=str(target), **TRITON)
-    assert attention_impls(llm) == {"TritonAttentionImpl"}
+    # vLLM's Triton backend (the tree subclass once dartree was activated in this process: it
+    # runs the stock kernel for an engine without trees).
+    assert len(attention_impls(llm) & {"TritonAttentionImpl", "TreeTritonAttentionImpl"}) == 1
     expected = generate_ids(llm, PROMPTS, greedy())
     cpu = {k: v for k, v in TRITON.items() if k != "attention_backend"}
     assert expected == v1_target_only(str(target), PROMPTS, MAX_TOKENS, cpu)
