@@ -97,20 +97,27 @@ def tree_conv(layer: Any, metadata: Any, stock, x: torch.Tensor, conv_state: tor
     return out
 
 
+def _l2_normalised(x: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + 1e-6) in fp32, as vLLM's Triton GDN kernels normalise q and k (its
+    decode and chain kernels alike): the eps shows where |x|^2 is small."""
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
+
+
 def tree_recurrence(layer: Any, metadata: Any, stock, *args: Any, **kwargs: Any
                     ) -> tuple[torch.Tensor, None]:
     """``fused_sigmoid_gating_delta_rule_update`` for the speculative rows of a tree step:
     gates and normalisation as vLLM's kernel computes them (``g = -exp(A_log) *
-    softplus(a + dt_bias)``, ``beta = sigmoid(b)``, l2-normalised q and k, q scaled by
-    ``K ** -0.5``, key heads shared by consecutive value heads), then every row from its
+    softplus(a + dt_bias)``, ``beta = sigmoid(b)``, q and k over sqrt(|x|^2 + 1e-6), q
+    scaled by ``K ** -0.5``, key heads shared by consecutive value heads), then every row from its
     parent's state in its own slot. Any other call goes to vLLM's."""
     if kwargs.get("num_accepted_tokens") is None:
         return stock(*args, **kwargs)
     q, k, v = kwargs["q"][0], kwargs["k"][0], kwargs["v"][0]  # [N, heads, dim]
     rows = tree_rows_of(metadata, q.shape[0], layer.conv_kernel_size)
     value_heads = v.shape[1]
-    q = F.normalize(q.float(), dim=-1) * (kwargs.get("scale") or q.shape[-1] ** -0.5)
-    k = F.normalize(k.float(), dim=-1)
+    q = _l2_normalised(q) * (kwargs.get("scale") or q.shape[-1] ** -0.5)
+    k = _l2_normalised(k)
     q = q.repeat_interleave(value_heads // q.shape[1], dim=1)
     k = k.repeat_interleave(value_heads // k.shape[1], dim=1)
     g = -kwargs["A_log"].float().exp() * F.softplus(kwargs["a"].float()
