@@ -42,3 +42,47 @@ def v1_target_only(model: str, prompts: list[list[int]], max_tokens: int,
     assert out.returncode == 0, out.stderr[-3000:]
     (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")]
     return json.loads(line.removeprefix("RESULT"))
+
+
+# Float32 greedy decoding in transformers, in a process of its own: after an in-process
+# engine ran, this one's OpenMP threads are bound for vLLM's CPU worker, and a transformers
+# forward here takes many times longer (measured: 10 minutes instead of 10 s for 48 prompts).
+FLOAT32_GREEDY = """
+import json, sys, torch, transformers
+torch.set_num_threads(1)
+args = json.loads(sys.argv[1])
+model = getattr(transformers, args["cls"]).from_pretrained(
+    args["model"], torch_dtype=torch.float32).eval()
+found = []
+with torch.no_grad():
+    for prompt in args["candidates"]:
+        ids, tokens, margin = torch.tensor([prompt]), [], float("inf")
+        for _ in range(args["max_tokens"]):
+            logits = model(ids).logits[0, -1]
+            top = logits.topk(2).values
+            margin = min(margin, float(top[0] - top[1]))
+            tokens.append(int(logits.argmax()))
+            ids = torch.cat([ids, ids.new_tensor([[tokens[-1]]])], dim=1)
+        if margin >= args["min_margin"]:
+            found.append((prompt, tokens))
+        if len(found) == args["count"]:
+            break
+print("RESULT" + json.dumps(found))
+"""
+
+
+def float32_clear_prompts(model: str, cls: str, candidates: list[list[int]], max_tokens: int,
+                          min_margin: float, count: int | None = None
+                          ) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompts, float32 greedy outputs) of the candidates (the first ``count`` of them, if
+    given) whose float32 greedy top-1 - top-2 logit margin stays >= ``min_margin`` at every
+    one of ``max_tokens`` tokens; ``cls`` names the transformers class of ``model``."""
+    args = {"model": model, "cls": cls, "candidates": candidates, "max_tokens": max_tokens,
+            "min_margin": min_margin, "count": count}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", FLOAT32_GREEDY, json.dumps(args)],
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")]
+    found = json.loads(line.removeprefix("RESULT"))
+    return [prompt for prompt, _ in found], [tokens for _, tokens in found]

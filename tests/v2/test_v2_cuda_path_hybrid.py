@@ -16,12 +16,8 @@ path's state left in its tree slot, the conv window one step off) and sees token
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from conftest import float32_clear_prompts
 
 from vllm_dartree.harness.engine import generate_ids, spec_decode_counters
 from vllm_dartree.models.tiny import TRITON_HYBRID_TARGET, random_prompts
@@ -39,45 +35,13 @@ MAX_TOKENS = 12
 MIN_MARGIN = 0.15
 NUM_PROMPTS = 4
 
-# Float32 greedy decoding in transformers, in a process of its own (this one binds its
-# OpenMP threads for vLLM's CPU worker, which slows a transformers forward many times).
-FLOAT32_GREEDY = """
-import json, sys, torch, transformers
-torch.set_num_threads(1)
-args = json.loads(sys.argv[1])
-model = getattr(transformers, args["cls"]).from_pretrained(
-    args["model"], torch_dtype=torch.float32).eval()
-found = []
-with torch.no_grad():
-    for prompt in args["candidates"]:
-        ids, tokens, margin = torch.tensor([prompt]), [], float("inf")
-        for _ in range(args["max_tokens"]):
-            logits = model(ids).logits[0, -1]
-            top = logits.topk(2).values
-            margin = min(margin, float(top[0] - top[1]))
-            tokens.append(int(logits.argmax()))
-            ids = torch.cat([ids, ids.new_tensor([[tokens[-1]]])], dim=1)
-        if margin >= args["min_margin"]:
-            found.append((prompt, tokens))
-        if len(found) == args["count"]:
-            break
-print("RESULT" + json.dumps(found))
-"""
-
-
 def clear_prompts(model: str, cls: str) -> tuple[list[list[int]], list[list[int]]]:
     """(prompts, float32 greedy outputs): the first NUM_PROMPTS candidates whose float32
     greedy margins stay >= MIN_MARGIN."""
-    args = {"model": model, "cls": cls, "candidates": CANDIDATES, "max_tokens": MAX_TOKENS,
-            "min_margin": MIN_MARGIN, "count": NUM_PROMPTS}
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-c", FLOAT32_GREEDY, json.dumps(args)],
-                         capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")]
-    found = json.loads(line.removeprefix("RESULT"))
-    assert len(found) == NUM_PROMPTS, f"{len(found)} candidates have clear margins"
-    return [p for p, _ in found], [t for _, t in found]
+    prompts, outputs = float32_clear_prompts(model, cls, CANDIDATES, MAX_TOKENS, MIN_MARGIN,
+                                             NUM_PROMPTS)
+    assert len(prompts) == NUM_PROMPTS, f"{len(prompts)} candidates have clear margins"
+    return prompts, outputs
 
 
 def greedy():
