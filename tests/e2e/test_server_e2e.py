@@ -92,19 +92,6 @@ def _check_answers(answers, target_only_answers) -> None:
             assert got["text"]
 
 
-def test_cli_shortcut_flags_serve_like_the_json_form(target_only_answers):
-    """--spec-method dartree --spec-model D --spec-tokens B, as `vllm serve` users type it."""
-    drafter = write_drafter(DrafterSpec(target=SPEC, domino=True))
-    with running_server(write_target(SPEC), *SERVER_ARGS, "--spec-method", "dartree",
-                        "--spec-model", str(drafter), "--spec-tokens", "24",
-                        log_name="server_flags.log") as base:
-        answers = _serve_all(base)
-        metrics = http_text(base + "/metrics")
-    _check_answers(answers, target_only_answers)
-    drafts = _metric(metrics, "vllm:spec_decode_num_drafts_total")
-    assert 0 < _metric(metrics, "vllm:spec_decode_num_draft_tokens_total") <= 24 * drafts
-
-
 def test_tensor_parallel_server(target_only_answers):
     """Two ranks (one core each): the same greedy answers as the TP=1 target alone."""
     drafter = write_drafter(DrafterSpec(target=SPEC, domino=True))

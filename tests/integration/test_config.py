@@ -52,6 +52,44 @@ def test_dashes_and_vllm_keys_pass_through():
     assert isinstance(config, DARTreeConfig)
 
 
+def _requested_by(model, *argv: str) -> dict | None:
+    """What ``vllm serve MODEL *argv`` asks dartree for: vLLM's own parser (with the plugin's
+    --spec-method choice) and engine args, read by the request gate."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.plugins import load_general_plugins
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from vllm_dartree.integration.activation import requested_config
+
+    load_general_plugins()
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    # A local folder for the model: offline, vLLM resolves a hub id to a cached snapshot.
+    args = parser.parse_args(["--model", str(model), *argv])
+    return requested_config(EngineArgs.from_cli_args(args))
+
+
+def test_every_spelling_of_a_request_asks_for_the_same_settings(tmp_path):
+    """The JSON form, vLLM 0.34's ``speculator_options`` nesting and the shortcut flags give
+    the same request (one server serves it: tests/e2e/test_server_e2e.py, V2's
+    tests/v2/test_v2_server.py); the same key twice is refused."""
+    expected = {"method": "dartree", "model": "d", "tree": "fixed", "num_speculative_tokens": 16}
+    nested = {"method": "dartree", "model": "d",
+              "speculator_options": {"tree": "fixed", "num_speculative_tokens": 16}}
+    assert _requested_by(tmp_path, "--speculative-config", json.dumps(expected)) == expected
+    assert _requested_by(tmp_path, "--speculative-config", json.dumps(nested)) == expected
+    flags = ("--spec-method", "dartree", "--spec-model", "d", "--spec-tokens", "16")
+    assert _requested_by(tmp_path, *flags, "--speculative-config",
+                         json.dumps({"tree": "fixed"})) == expected
+    assert _requested_by(tmp_path, "--speculative-config", json.dumps(
+        {"method": "ngram", "num_speculative_tokens": 4})) is None  # not dartree: left alone
+    with pytest.raises(ValueError, match="--spec-tokens and --speculative-config"):
+        _requested_by(tmp_path, "--spec-method", "dartree", "--spec-tokens", "16",
+                      "--speculative-config", json.dumps({"num_speculative_tokens": 8}))
+    with pytest.raises(ValueError, match="'tree' is given both"):
+        _requested_by(tmp_path, "--speculative-config", json.dumps(
+            nested | {"tree": "pruned"}))
+
+
 def _drafter_copy(tmp_path, source, edit):
     out = tmp_path / "drafter"
     shutil.copytree(source, out)
