@@ -52,6 +52,20 @@ def conv_ancestors(parents: torch.Tensor, width: int) -> torch.Tensor:
     return torch.stack(windows, dim=-1)
 
 
+def _conv_of_windows(windows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     activation: str | None) -> torch.Tensor:
+    """fp32 conv outputs of ``windows`` [..., W, C] (newest input first): weight [C, W],
+    optional bias [C], then the activation ('silu' or None)."""
+    out = (windows.float() * weight.float().flip(-1).t()).sum(dim=-2)
+    if bias is not None:
+        out = out + bias.float()
+    if activation == "silu":
+        return F.silu(out)
+    if activation is not None:
+        raise ValueError(f"activation={activation!r}: 'silu' or None")
+    return out
+
+
 def tree_conv(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
               bias: torch.Tensor | None, parents: torch.Tensor,
               activation: str | None = "silu") -> torch.Tensor:
@@ -67,14 +81,7 @@ def tree_conv(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
     channels = x.shape[-1]
     gathered = inputs.gather(1, window.flatten(1).unsqueeze(-1).expand(-1, -1, channels))
     gathered = gathered.view(*window.shape, channels)  # [R, T, W, C]
-    out = (gathered * weight.float().flip(-1).t()).sum(dim=2)
-    if bias is not None:
-        out = out + bias.float()
-    if activation == "silu":
-        out = F.silu(out)
-    elif activation is not None:
-        raise ValueError(f"activation={activation!r}: 'silu' or None")
-    return out.to(x.dtype)
+    return _conv_of_windows(gathered, weight, bias, activation).to(x.dtype)
 
 
 def _delta_step(state: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -175,14 +182,7 @@ def tree_conv_rows(x: torch.Tensor, conv_state: torch.Tensor, window_slot: torch
     from_window = conv_state[slots, :, committed]  # [N, W, C]
     from_rows = x[sources.clamp(min=0)]  # [N, W, C]
     gathered = torch.where((sources >= 0).unsqueeze(-1), from_rows.float(), from_window.float())
-    out = (gathered * weight.float().flip(-1).t()).sum(dim=1)
-    if bias is not None:
-        out = out + bias.float()
-    if activation == "silu":
-        out = F.silu(out)
-    elif activation is not None:
-        raise ValueError(f"activation={activation!r}: 'silu' or None")
-    return out.to(x.dtype)
+    return _conv_of_windows(gathered, weight, bias, activation).to(x.dtype)
 
 
 def tree_delta_rule_in_slots(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
