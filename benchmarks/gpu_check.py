@@ -1,7 +1,7 @@
 """GPU check of the DARTree Triton kernels: correctness against the torch twins, then timings
 at Qwen3-8B shapes. Written for one H200, under 8 minutes; needs only torch and triton (it
 imports ``vllm_dartree.kernels``, ``vllm_dartree.tree`` and the vLLM-free
-``vllm_dartree.integration.verify_plan``, never vLLM).
+``vllm_dartree.step.verify_plan``, never vLLM).
 
 Checks (on the GPU; exit status 1 when any fails):
   top_b              top-B selection, kernel vs twin (exact, with ties).
@@ -90,14 +90,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-from vllm_dartree.integration.verify_plan import (  # noqa: E402
+from vllm_dartree.kernels import gdn_tree, launch, topb  # noqa: E402
+from vllm_dartree.kernels import kv_compaction as kv  # noqa: E402
+from vllm_dartree.kernels import tree_attention as ta  # noqa: E402
+from vllm_dartree.step.verify_plan import (  # noqa: E402
     Proposal,
     build_plan,
     write_depth_positions,
 )
-from vllm_dartree.kernels import gdn_tree, launch, topb  # noqa: E402
-from vllm_dartree.kernels import kv_compaction as kv  # noqa: E402
-from vllm_dartree.kernels import tree_attention as ta  # noqa: E402
 from vllm_dartree.tree import (  # noqa: E402
     CorrectionHead,
     DominoHead,

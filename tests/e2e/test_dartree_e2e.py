@@ -131,7 +131,7 @@ def test_near_max_model_len_and_chunked_prefill(engines, tiny_target, tiny_domin
     """Long prompts prefilled in chunks, generation running into max_model_len. Steps that
     mix prefill chunks with tree verification (vLLM's kernel, then the tree rows) and steps
     of tree rows only (the stock kernel skipped) both occur, and both are exact."""
-    from vllm_dartree.integration.profile import StepProfile
+    from vllm_dartree.step.profile import StepProfile
 
     prompts = random_prompts(6, VOCAB, seed=4, min_len=150, max_len=230)
     engine = {"max_model_len": 256, "max_num_seqs": 8, "max_num_batched_tokens": 128,
@@ -237,7 +237,7 @@ def test_the_adaptive_budget_is_lossless_through_every_kind_of_step(engines, tin
                                                                      tiny_domino, baseline):
     """Its start-up probes alone give steps with the whole tree, with part of it, with no
     node for any request, and without drafting; output stays target-only decoding's."""
-    from vllm_dartree.integration.budget_report import BudgetReport
+    from vllm_dartree.step.budget_report import BudgetReport
 
     llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino, **ADAPTIVE),
                       **BATCH)

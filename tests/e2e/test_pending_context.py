@@ -83,7 +83,7 @@ def test_held_context_is_written_as_each_step_would_have(engines, tiny_target, t
 def test_a_slot_held_twice_is_written_once_with_its_last_value():
     """A slot freed and reused within one hold: one batched write with a repeated slot
     keeps either value (threads race), so only the later write is handed over."""
-    from vllm_dartree.integration.drafting import PendingContext
+    from vllm_dartree.step.drafting import PendingContext
 
     pending = PendingContext(limit=100)
     pending.add(torch.tensor([[1.0], [2.0]]), torch.tensor([0, 1]), torch.tensor([5, 6]))

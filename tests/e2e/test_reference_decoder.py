@@ -94,7 +94,7 @@ class PluginRound:
 def plugin_rounds(llm, prompt: list[int]) -> tuple[list[int], list[PluginRound]]:
     """Generate ``prompt`` greedily in vLLM and record every round the verifier accepts."""
     from vllm_dartree.harness.engine import generate_ids
-    from vllm_dartree.integration.verifier import TreeVerifier
+    from vllm_dartree.step.verifier import TreeVerifier
 
     rounds: list[PluginRound] = []
 

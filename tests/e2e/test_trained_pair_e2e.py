@@ -47,7 +47,7 @@ def measured(engines, pair, prompts, baseline):
     """Mean acceptance per variant, each run checked against target-only output."""
     import torch
 
-    from vllm_dartree.integration.verifier import TreeVerifier
+    from vllm_dartree.step.verifier import TreeVerifier
 
     moved = []
 

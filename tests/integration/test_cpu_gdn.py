@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vllm_dartree.integration import cpu_gdn, gdn_rows
-from vllm_dartree.integration.verify_plan import AcceptedPaths
+from vllm_dartree.step.verify_plan import AcceptedPaths
 
 HK, HV, DIM, WIDTH, SLOTS = 2, 4, 128, 4, 24
 CHANNELS = 2 * HK * DIM + HV * DIM

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vllm_dartree.integration.cpu_attention import copy_kv_slots, gather_kv
-from vllm_dartree.integration.verify_plan import (
+from vllm_dartree.step.verify_plan import (
     AcceptedPaths,
     accepted_row_order,
     compaction_pairs,

@@ -73,6 +73,35 @@ def test_the_tree_core_imports_no_vllm_and_nothing_above_it():
                        for d in ours), (name, ours)
 
 
+STEP_MAY_IMPORT = ("vllm_dartree.tree", "vllm_dartree.kernels", "vllm_dartree.config",
+                   "vllm_dartree.checkpoint", "vllm_dartree.env", "vllm_dartree.step")
+
+
+def is_under(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def test_the_tree_step_imports_no_vllm_and_only_the_core_below_it():
+    """``step/`` (one tree step, any runner) sits between ``tree/``/``kernels/`` and
+    ``integration/``: no vLLM, of ours only the tree core, the settings and itself."""
+    step_modules = {n: p for n, p in MODULES.items() if is_under(n, ("vllm_dartree.step",))}
+    assert "vllm_dartree.step.tree_step" in step_modules
+    for name, path in step_modules.items():
+        relative = [n for n in ast.walk(ast.parse(path.read_text()))
+                    if isinstance(n, ast.ImportFrom) and n.level]
+        assert not relative, name  # the scan reads absolute imports only
+        deps = imports_of(path)
+        assert not {d for d in deps if is_under(d, ("vllm",))}, name
+        ours = {d for d in deps if is_under(d, ("vllm_dartree",))}
+        assert all(is_under(d, STEP_MAY_IMPORT) for d in ours), (name, ours)
+
+
+def test_the_tree_core_never_reaches_the_step():
+    for name, path in MODULES.items():
+        if is_under(name, ("vllm_dartree.tree", "vllm_dartree.kernels")):
+            assert not {d for d in imports_of(path) if is_under(d, ("vllm_dartree.step",))}, name
+
+
 def test_vllm_internals_are_imported_only_by_the_integration_package():
     for name, path in MODULES.items():
         if name.startswith(("vllm_dartree.integration", "vllm_dartree.testing")):
@@ -83,7 +112,8 @@ def test_vllm_internals_are_imported_only_by_the_integration_package():
 
 
 def test_the_graph_is_real():
-    assert "vllm_dartree.tree" in GRAPH["vllm_dartree.integration.drafting"]
+    assert "vllm_dartree.tree" in GRAPH["vllm_dartree.step.drafting"]
+    assert "vllm_dartree.step.verify_plan" in GRAPH["vllm_dartree.step.tree_step"]
     assert "vllm_dartree.kernels.topb" in GRAPH["vllm_dartree.tree.build"]
 
 
@@ -99,4 +129,4 @@ def test_each_runners_glue_stays_in_its_own_package():
             glue = {d for d in deps if d.startswith(("vllm_dartree.integration.v1",
                                                       "vllm_dartree.integration.v2"))}
             assert not glue, (name, glue)
-    assert "vllm_dartree.integration.drafting" in GRAPH["vllm_dartree.integration.v2.speculator"]
+    assert "vllm_dartree.step.drafting" in GRAPH["vllm_dartree.integration.v2.speculator"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from vllm_dartree.bench.report import profile_rows
-from vllm_dartree.integration.profile import PHASES, StepProfile
+from vllm_dartree.step.profile import PHASES, StepProfile
 
 
 def test_phases_spans_and_the_remainder_per_round():

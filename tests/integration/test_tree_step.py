@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_dartree.integration import tree_context
-from vllm_dartree.integration.step import TreeStep
-from vllm_dartree.integration.verifier import TreeVerifier
-from vllm_dartree.integration.verify_plan import compaction_pairs
+from vllm_dartree.step import tree_context
+from vllm_dartree.step.tree_step import TreeStep
+from vllm_dartree.step.verifier import TreeVerifier
+from vllm_dartree.step.verify_plan import compaction_pairs
 from vllm_dartree.testing.syncs import HostSyncCounter
 from vllm_dartree.tree import DraftTree, build_tree
 from vllm_dartree.tree.types import padded_tree
@@ -302,7 +302,7 @@ def test_no_host_sync_in_a_v2_tree_step():
     """The calls the V2 glue makes: plan, the plan's hand-over with the target layers' KV,
     depth positions into the persistent buffer, acceptance from a given target choice, the
     drafter context's row order, the tree build and hand-over: nothing waits for a GPU."""
-    from vllm_dartree.integration.verify_plan import write_depth_positions
+    from vllm_dartree.step.verify_plan import write_depth_positions
 
     gen = torch.Generator().manual_seed(8)
     slot_mapping = torch.arange(24) + 50

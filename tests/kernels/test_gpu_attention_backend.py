@@ -18,9 +18,9 @@ import pytest
 import torch
 from interpreted import run_interpreted
 
-from vllm_dartree.integration.tree_context import tree_verify
-from vllm_dartree.integration.verify_plan import AcceptedPaths
 from vllm_dartree.kernels.tree_attention import tree_attention_torch
+from vllm_dartree.step.tree_context import tree_verify
+from vllm_dartree.step.verify_plan import AcceptedPaths
 from vllm_dartree.testing.plans import plan_of
 from vllm_dartree.tree.types import padded_tree
 

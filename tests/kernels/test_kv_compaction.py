@@ -13,8 +13,8 @@ import pytest
 import torch
 from interpreted import run_interpreted
 
-from vllm_dartree.integration.verify_plan import AcceptedPaths, compaction_pairs
 from vllm_dartree.kernels.kv_compaction import copy_kv_slots, copy_kv_slots_torch, split_kv_caches
+from vllm_dartree.step.verify_plan import AcceptedPaths, compaction_pairs
 from vllm_dartree.testing.plans import layout_for_roots, plan_of
 from vllm_dartree.tree.types import padded_tree
 

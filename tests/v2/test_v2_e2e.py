@@ -128,7 +128,7 @@ def test_the_adaptive_budget_is_lossless_through_every_kind_of_step(engines, tin
     that do not draft (context held); each request's chosen count reaches vLLM's scheduler
     (with the sampled tokens, no call of its own), so rows not chosen are never scheduled;
     output stays target-only decoding's."""
-    from vllm_dartree.integration.budget_report import BudgetReport
+    from vllm_dartree.step.budget_report import BudgetReport
 
     llm = engines.get(model=str(tiny_target), **BATCH, speculative_config=dartree(
         tiny_domino, **ADAPTIVE))

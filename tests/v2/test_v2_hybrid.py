@@ -161,7 +161,7 @@ def tree_row_positions(runner):
     """Per verify step of the target forward: (position axes, whether every tree row is at
     its root's position + depth on every axis, whether a row's depth differs from its
     offset behind the root, as in any branching tree)."""
-    from vllm_dartree.integration.verify_plan import depth_position_values
+    from vllm_dartree.step.verify_plan import depth_position_values
 
     steps = []
 

@@ -1,7 +1,7 @@
 """Per-round records of tree steps, observed through the verifier's hook.
 
 While the recorder is entered, :meth:`TreeVerifier.observing
-<vllm_dartree.integration.verifier.TreeVerifier.observing>` hands it every accepted tree
+<vllm_dartree.step.verifier.TreeVerifier.observing>` hands it every accepted tree
 step (read, never changed). Each verify round of a request yields ``accept`` (path length
 including the root = accepted drafts + 1, i.e. tokens committed with the bonus), ``nodes``
 and ``depth_counts`` (number of tree nodes at depth 1, 2, ...), plus the whole tree for the
@@ -33,7 +33,7 @@ class RoundRecorder:
         self._hook = ExitStack()
 
     def __enter__(self) -> RoundRecorder:
-        from vllm_dartree.integration.verifier import TreeVerifier
+        from vllm_dartree.step.verifier import TreeVerifier
 
         self._hook.enter_context(TreeVerifier.observing(self.observe))
         return self

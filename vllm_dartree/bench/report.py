@@ -190,7 +190,7 @@ PHASE_LABELS = {"drafter_forward": "drafter forward", "drafter_logits": "drafter
 
 def profile_rows(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Median ms per phase per method over every profiled round (all datasets, T)."""
-    from vllm_dartree.integration.profile import summarize
+    from vllm_dartree.step.profile import summarize
 
     by_method: dict[str, list[dict[str, float]]] = {}
     for block in results.get("profile") or []:

@@ -71,7 +71,7 @@ class BenchConfig:
     save_trees: int = 16  # tree rounds kept for the first sample of each dataset
     seed: int = 0
     threads: int | None = None  # torch/OpenMP threads of the engines (None: torch's default)
-    profile: bool = False  # per-round phase times of every tree method (integration/profile.py)
+    profile: bool = False  # per-round phase times of every tree method (step/profile.py)
     serving_only: bool = False  # only the concurrency (OpenAI server) measurement
     repeats: int = 1  # concurrency: interleaved rounds per method and cell (median reported)
     runner: str | None = None  # vLLM's model runner, "v1" or "v2" (None: vLLM's own choice)
@@ -325,7 +325,7 @@ def profiling(config: BenchConfig, spec: dict[str, Any] | None):
     if not (config.profile and spec):
         yield None
         return
-    from vllm_dartree.integration.profile import StepProfile
+    from vllm_dartree.step.profile import StepProfile
 
     with StepProfile.recording() as rounds:
         yield rounds

@@ -43,7 +43,7 @@ from vllm_dartree.harness.server import http_json, http_text, metric_value, runn
 
 SERVED_NAME = "bench"
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
-# The adaptive budget's width histogram (``integration.budget_report``): summed widths and
+# The adaptive budget's width histogram (``step.budget_report``): summed widths and
 # drafted steps, absent for other methods.
 WIDTH_METRIC = "vllm_dartree:budget_width"
 # With --repeats: methods under this share of a cell's best first-round rate run once there.

@@ -151,7 +151,7 @@ class V2SpeculatorChoice(VllmPatch):
     def replacement(cls, original):
         @functools.wraps(original)
         def init_speculator(vllm_config, device, *args, **kwargs):
-            from vllm_dartree.integration.drafting import dartree_settings
+            from vllm_dartree.step.drafting import dartree_settings
 
             if dartree_settings(vllm_config) is None:
                 return original(vllm_config, device, *args, **kwargs)

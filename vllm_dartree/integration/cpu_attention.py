@@ -20,11 +20,11 @@ import torch
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
-from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.refusals import refuse_layer
-from vllm_dartree.integration.tree_context import plan_for, step_cached
-from vllm_dartree.integration.verify_plan import AcceptedPaths, VerifyPlan, compaction_pairs
 from vllm_dartree.kernels import cpu_kv_pages
+from vllm_dartree.step.profile import StepProfile
+from vllm_dartree.step.tree_context import plan_for, step_cached
+from vllm_dartree.step.verify_plan import AcceptedPaths, VerifyPlan, compaction_pairs
 from vllm_dartree.tree import verify_visibility
 
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vllm_dartree.integration import tree_context
 from vllm_dartree.integration.patching import resolve
-from vllm_dartree.integration.verify_plan import VerifyPlan
+from vllm_dartree.step import tree_context
+from vllm_dartree.step.verify_plan import VerifyPlan
 from vllm_dartree.tree.gdn import tree_conv, tree_gated_delta_rule
 
 GDN_CPU_OPS = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from vllm_dartree.integration.tree_context import plan_for, step_cached
-from vllm_dartree.integration.verify_plan import AcceptedPaths, VerifyPlan
+from vllm_dartree.step.tree_context import plan_for, step_cached
+from vllm_dartree.step.verify_plan import AcceptedPaths, VerifyPlan
 from vllm_dartree.tree.gdn import conv_ancestors
 
 

@@ -37,10 +37,10 @@ from vllm.v1.attention.backends.triton_attn import (
 from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
 from vllm_dartree.integration.refusals import refuse_layer
-from vllm_dartree.integration.tree_context import plan_for, step_cached
-from vllm_dartree.integration.verify_plan import AcceptedPaths, VerifyPlan, compaction_pairs
 from vllm_dartree.kernels.kv_compaction import cache_pointer_table, copy_kv_slots
 from vllm_dartree.kernels.tree_attention import tree_attention
+from vllm_dartree.step.tree_context import plan_for, step_cached
+from vllm_dartree.step.verify_plan import AcceptedPaths, VerifyPlan, compaction_pairs
 from vllm_dartree.tree import pack_bool_mask
 
 

@@ -140,7 +140,7 @@ class NoFusedChainKernel(VllmPatch):
         @functools.wraps(original)
         def __init__(self, config, vllm_config, *args, **kwargs):
             original(self, config, vllm_config, *args, **kwargs)
-            from vllm_dartree.integration.drafting import dartree_settings
+            from vllm_dartree.step.drafting import dartree_settings
 
             settings = dartree_settings(vllm_config)
             if (settings is not None and settings.tree != "chain"

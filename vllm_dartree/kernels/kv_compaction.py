@@ -5,7 +5,7 @@ dtype, in vLLM's GPU layout ``[num_blocks, block_size, num_kv_heads, head_size]`
 FlashAttention backend pass the key and the value cache of every layer
 (``split_kv_caches``). Every cache copies slot ``src[p]`` to slot ``dst[p]`` (slot = block *
 block_size + offset) with the semantics "every source is read before any destination is
-written": sources and destinations may overlap (``vllm_dartree.integration.verify_plan.
+written": sources and destinations may overlap (``vllm_dartree.step.verify_plan.
 compaction_pairs``: a node moved to path position d may sit where a deeper path node will
 land). Destinations must be distinct.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vllm_dartree.integration.verify_plan import Proposal, VerifyPlan, build_plan
+from vllm_dartree.step.verify_plan import Proposal, VerifyPlan, build_plan
 from vllm_dartree.tree import DraftTree, stack_trees
 
 

@@ -6,7 +6,7 @@ checks and DFlash plumbing (aux hidden states, drafter KV, padded batches) apply
 what differs is the query width (the checkpoint's block cut to the depths a tree of B
 nodes can reach, not B itself) and what happens to the drafter's outputs: they become trees
 (``drafting.TreeDrafting``, shared with the V2 speculator), handed to the engine's
-:class:`~vllm_dartree.integration.step.TreeStep` for the next step's verification.
+:class:`~vllm_dartree.step.tree_step.TreeStep` for the next step's verification.
 Acceptance is not here (``verifier.py``).
 
 A step that does not draft (the adaptive budget's pause) owes the drafter's cache its
@@ -26,10 +26,11 @@ from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 
 from vllm_dartree.checkpoint import DrafterLayout
 from vllm_dartree.config import LAYOUT_ATTR
-from vllm_dartree.integration.drafting import TreeDrafting
-from vllm_dartree.integration.profile import StepProfile
-from vllm_dartree.integration.step import TreeStep
-from vllm_dartree.integration.verify_plan import needs_chain_verification
+from vllm_dartree.integration.tensor_parallel import same_on_every_rank
+from vllm_dartree.step.drafting import TreeDrafting
+from vllm_dartree.step.profile import StepProfile
+from vllm_dartree.step.tree_step import TreeStep
+from vllm_dartree.step.verify_plan import needs_chain_verification
 
 
 class DARTreeProposer(DFlashProposer, TreeDrafting):
@@ -47,7 +48,7 @@ class DARTreeProposer(DFlashProposer, TreeDrafting):
         finally:
             object.__setattr__(spec, "num_speculative_tokens", budget)
         self.target_runner = runner
-        self.init_tree_drafting(vllm_config, device)
+        self.init_tree_drafting(vllm_config, device, same_on_every_rank)
         self.tree_step: TreeStep | None = None  # the engine's step, set by runner.ProposerSwap
 
     def load_model(self, target_model) -> None:

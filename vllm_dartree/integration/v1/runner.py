@@ -1,5 +1,5 @@
 """The runner patches: thin delegations from vLLM's V1 model runner to the engine's
-:class:`~vllm_dartree.integration.step.TreeStep` (``vllm.v1.worker.gpu_model_runner.
+:class:`~vllm_dartree.step.tree_step.TreeStep` (``vllm.v1.worker.gpu_model_runner.
 GPUModelRunner``, vLLM 0.32/0.33; the CPU runner subclasses it).
 
 Each wrapper acts only on a runner that ``ProposerSwap`` gave a tree step; for every other
@@ -12,14 +12,14 @@ from __future__ import annotations
 import functools
 
 from vllm_dartree.config import DARTreeConfigError
-from vllm_dartree.integration.drafting import dartree_settings
-from vllm_dartree.integration.kv_mover import KvMover, LayerKv, layer_kv
 from vllm_dartree.integration.patching import ModuleGlobalSwap, VllmPatch
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
-from vllm_dartree.integration.step import STEP_ATTR, TreeStep
 from vllm_dartree.integration.v1.proposer import DARTreeProposer
-from vllm_dartree.integration.verifier import TreeVerifier
-from vllm_dartree.integration.verify_plan import needs_chain_verification
+from vllm_dartree.step.drafting import dartree_settings
+from vllm_dartree.step.kv_mover import KvMover, LayerKv, layer_kv
+from vllm_dartree.step.tree_step import STEP_ATTR, TreeStep
+from vllm_dartree.step.verifier import TreeVerifier
+from vllm_dartree.step.verify_plan import needs_chain_verification
 
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 

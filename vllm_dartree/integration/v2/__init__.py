@@ -1,6 +1,7 @@
 """vLLM's V2 model runner (``vllm.v1.worker.gpu``): the glue between its hooks and the tree
-core (``step.TreeStep``, ``drafting.TreeDrafting``, ``verifier.TreeVerifier``, the tree
-attention backends). Imports vLLM's V2 modules only; nothing here touches the V1 runner.
+step (``step.tree_step.TreeStep``, ``step.drafting.TreeDrafting``,
+``step.verifier.TreeVerifier``) and the tree attention backends. Imports vLLM's V2 modules
+only; nothing here touches the V1 runner.
 
 - ``speculator.DARTreeSpeculator``: the drafter (a ``DFlashSpeculator``), the trees.
 - ``model_state.DARTreeModelState``: plan, depth positions, the plan's hand-over to the

@@ -26,7 +26,7 @@ class DraftsWithAsyncOutput(VllmPatch):
 
     @classmethod
     def replacement(cls, original):
-        from vllm_dartree.integration.drafting import TreeDrafting
+        from vllm_dartree.step.drafting import TreeDrafting
 
         @functools.wraps(original)
         def sample_tokens(self, grammar_output):

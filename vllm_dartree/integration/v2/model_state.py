@@ -28,10 +28,11 @@ import numpy as np
 import torch
 
 from vllm_dartree.config import DARTreeConfigError
-from vllm_dartree.integration import gdn_rows, tree_context
-from vllm_dartree.integration.kv_mover import LayerKv, layer_kv
-from vllm_dartree.integration.step import STEP_ATTR, TreeStep
-from vllm_dartree.integration.verify_plan import (
+from vllm_dartree.integration import gdn_rows
+from vllm_dartree.step import tree_context
+from vllm_dartree.step.kv_mover import LayerKv, layer_kv
+from vllm_dartree.step.tree_step import STEP_ATTR, TreeStep
+from vllm_dartree.step.verify_plan import (
     VerifyPlan,
     needs_chain_verification,
     set_depth_positions,

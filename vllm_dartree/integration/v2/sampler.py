@@ -18,7 +18,7 @@ from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
 
-from vllm_dartree.integration.verify_plan import VerifyPlan
+from vllm_dartree.step.verify_plan import VerifyPlan
 
 
 class TreeRejectionSampler:

@@ -28,14 +28,15 @@ from vllm.v1.worker.gpu.model_states import resolve_model_state_cls
 from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
 
 from vllm_dartree.config import DARTreeConfigError
-from vllm_dartree.integration.drafting import TreeDrafting, dartree_settings
-from vllm_dartree.integration.kv_mover import KvMover
-from vllm_dartree.integration.profile import StepProfile
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
-from vllm_dartree.integration.step import TreeStep
+from vllm_dartree.integration.tensor_parallel import same_on_every_rank
 from vllm_dartree.integration.v2.draft_counts import COUNTS_ATTR
 from vllm_dartree.integration.v2.model_state import STEP_ATTR, on_top_of
-from vllm_dartree.integration.verifier import TreeVerifier
+from vllm_dartree.step.drafting import TreeDrafting, dartree_settings
+from vllm_dartree.step.kv_mover import KvMover
+from vllm_dartree.step.profile import StepProfile
+from vllm_dartree.step.tree_step import TreeStep
+from vllm_dartree.step.verifier import TreeVerifier
 
 
 class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
@@ -46,7 +47,7 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
     def __init__(self, vllm_config, device: torch.device) -> None:
         require_validated_settings(vllm_config)  # before vLLM loads any weight
         super().__init__(vllm_config, device)
-        self.init_tree_drafting(vllm_config, device)
+        self.init_tree_drafting(vllm_config, device, same_on_every_rank)
         # The query block: root + the mask slots a tree can use (<= B, so vLLM's per-request
         # sample buffers, sized by B, hold it).
         self.num_query_per_req = 1 + self.query_slots

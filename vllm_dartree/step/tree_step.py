@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_dartree.integration import tree_context
-from vllm_dartree.integration.profile import StepProfile
-from vllm_dartree.integration.verifier import TreeVerifier
-from vllm_dartree.integration.verify_plan import (
+from vllm_dartree.step import tree_context
+from vllm_dartree.step.profile import StepProfile
+from vllm_dartree.step.verifier import TreeVerifier
+from vllm_dartree.step.verify_plan import (
     AcceptedPaths,
     Proposal,
     VerifyPlan,

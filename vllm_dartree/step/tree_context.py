@@ -1,7 +1,7 @@
 """How the tree verify plan reaches the attention backends of the target forward.
 
 vLLM's attention backends get per-layer metadata from vLLM only. On V1,
-:meth:`TreeStep.target_forward <vllm_dartree.integration.step.TreeStep.target_forward>`
+:meth:`TreeStep.target_forward <vllm_dartree.step.tree_step.TreeStep.target_forward>`
 enters :func:`tree_verify` around the target's forward of a tree step (never around the
 drafter's). On V2, whose runner has no hook around the forward, the model state attaches the
 plan to the target layers' own metadata objects (:func:`attach`; the drafter builds its own).
@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from vllm_dartree.integration.verify_plan import VerifyPlan
+from vllm_dartree.step.verify_plan import VerifyPlan
 
 T = TypeVar("T")
 

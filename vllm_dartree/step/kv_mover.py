@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from vllm_dartree.integration.verify_plan import AcceptedPaths
+from vllm_dartree.step.verify_plan import AcceptedPaths
 
 BackendMover = Callable[[AcceptedPaths, list[tuple[torch.Tensor, str, torch.Tensor]]], None]
 

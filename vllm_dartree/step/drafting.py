@@ -10,12 +10,14 @@ the next step, is each runner's glue; what a tree is and how it is built lives h
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from vllm_dartree.checkpoint import DrafterLayout
 from vllm_dartree.config import LAYOUT_ATTR, SETTINGS_ATTR, DARTreeConfig
-from vllm_dartree.integration.budget_report import BudgetReport
-from vllm_dartree.integration.profile import StepProfile
+from vllm_dartree.step.budget_report import BudgetReport
+from vllm_dartree.step.profile import StepProfile
 from vllm_dartree.tree import DraftTree, build_tree, depth_first
 from vllm_dartree.tree.budget import (
     AdaptiveBudget,
@@ -31,16 +33,6 @@ from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size
 def dartree_settings(vllm_config) -> DARTreeConfig | None:
     spec = getattr(vllm_config, "speculative_config", None)
     return getattr(spec, SETTINGS_ATTR, None)
-
-
-def same_on_every_rank(decision: bool) -> bool:
-    """Rank 0's ``decision`` on every rank of the tensor-parallel group (itself at TP=1)."""
-    from vllm.distributed.parallel_state import get_tp_group
-
-    group = get_tp_group()
-    if group.world_size == 1:
-        return decision
-    return bool(group.broadcast_object(decision, src=0))
 
 
 class PendingContext:
@@ -90,13 +82,19 @@ class PendingContext:
 
 class TreeDrafting:
     """Mixed into vLLM's DFlash drafter classes (which provide ``vllm_config``, ``device``
-    and, once loaded, the drafter ``model``)."""
+    and, once loaded, the drafter ``model``).
+
+    ``same_on_every_rank(decision)`` (given by the runner's adapter:
+    ``integration.tensor_parallel.same_on_every_rank``) returns rank 0's ``decision`` on
+    every rank of the tensor-parallel group."""
 
     vllm_config: object
     device: torch.device
     model: torch.nn.Module
 
-    def init_tree_drafting(self, vllm_config, device) -> None:
+    def init_tree_drafting(self, vllm_config, device,
+                           same_on_every_rank: Callable[[bool], bool]) -> None:
+        self.same_on_every_rank = same_on_every_rank
         spec = vllm_config.speculative_config
         self.settings: DARTreeConfig = dartree_settings(vllm_config)
         self.layout: DrafterLayout = getattr(spec, LAYOUT_ATTR)  # read and checked at config
@@ -202,7 +200,7 @@ class TreeDrafting:
         policy = self.budget_policy
         if policy is None:
             return True
-        drafting = same_on_every_rank(policy.should_draft(num_requests))
+        drafting = self.same_on_every_rank(policy.should_draft(num_requests))
         if not drafting:
             self.budget_report.record_no_drafting()
         return drafting

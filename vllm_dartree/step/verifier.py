@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from vllm_dartree.integration.profile import StepProfile
-from vllm_dartree.integration.verify_plan import AcceptedPaths, VerifyPlan
+from vllm_dartree.step.profile import StepProfile
+from vllm_dartree.step.verify_plan import AcceptedPaths, VerifyPlan
 from vllm_dartree.tree import accept_tree, choose_tokens
 
 logger = logging.getLogger("vllm.dartree")
