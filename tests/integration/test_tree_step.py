@@ -357,6 +357,41 @@ def test_kv_compaction_sees_the_target_layers_only(monkeypatch):
     assert [entry.kv_cache[0] for entry in found] == [float(len(n)) for n in names[:2]]
 
 
+def test_target_layers_leave_out_drafter_and_recurrent_layers():
+    """Both runners' KV collection (``kv_mover.target_layers_kv``): the drafter's layers,
+    named or marked ``is_draft_layer``, and layers whose metadata has no slot mapping (a
+    hybrid target's GDN layers) are left out; a per-virtual-engine list is unwrapped."""
+    from vllm_dartree.step.kv_mover import target_layers_kv
+
+    def layer(value, **marks):
+        return SimpleNamespace(kv_cache=[torch.full((2,), value)], impl=object(), **marks)
+
+    layers = {"t0": layer(1.0), "t1": layer(2.0), "named": layer(3.0),
+              "marked": layer(4.0, is_draft_layer=True), "gdn": layer(5.0)}
+    attention = SimpleNamespace(slot_mapping=torch.arange(3))
+    metadata = {**{n: attention for n in ("t0", "t1", "named", "marked")},
+                "gdn": SimpleNamespace(state_indices=torch.arange(3)), "gone": attention,
+                "empty": None}
+    found = target_layers_kv(metadata, layers, drafter_layers={"named"})
+    assert [entry.kv_cache[0].item() for entry in found] == [1.0, 2.0]
+    assert all(entry.isa == "" and entry.slot_mapping is attention.slot_mapping
+               for entry in found)
+
+
+def test_a_batch_reads_the_drafted_prefix_if_one_request_does():
+    from vllm_dartree.step.verify_plan import batch_reads_drafted_prefix
+
+    def params(**changes):
+        plain = dict(presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0,
+                     bad_words=None, allowed_token_ids=None, logit_bias=None, min_tokens=0,
+                     min_p=0.0, logprobs=None, structured_outputs=None)
+        return SimpleNamespace(sampling_params=SimpleNamespace(**(plain | changes)))
+
+    requests = {"a": params(), "b": params(logprobs=2), "c": SimpleNamespace()}
+    assert not batch_reads_drafted_prefix(requests, ["a", "c", "missing"])
+    assert batch_reads_drafted_prefix(requests, ["a", "b"])
+
+
 def test_chain_proposals_make_chain_plans():
     """Chains (the chain variant, vLLM's own drafts) need no tree recompute in attention;
     a proposal of real trees does."""

@@ -1,15 +1,19 @@
-"""The runner-independent half of a dartree drafter: settings, correction head, and each
-step's trees from the drafter's per-depth hidden states.
+"""The runner-independent half of a dartree drafter: settings, correction head, each
+step's trees from the drafter's per-depth hidden states, and the context held while the
+adaptive budget pauses drafting.
 
-vLLM's V1 proposer (``proposer.py``) and its V2
-speculator (``v2/speculator.py``) both run vLLM's own DFlash plumbing for the drafter's one
-forward (context K/V, the [root, mask x slots] query) and then call :meth:`TreeDrafting.
-build_trees` on the query's hidden states. Which rows those are, and how the tokens reach
-the next step, is each runner's glue; what a tree is and how it is built lives here once.
+vLLM's V1 proposer (``integration/v1/proposer.py``) and its V2 speculator
+(``integration/v2/speculator.py``) both run vLLM's own DFlash plumbing for the drafter's one
+forward (context K/V, the [root, mask x slots] query) and then call
+:meth:`TreeDrafting.finish_proposal` on the query's hidden states (or
+:meth:`TreeDrafting.record_pause` on a step that did not draft). Which rows those are, and
+how the tokens reach the next step, is each runner's glue; what a tree is, how it is built,
+chosen and handed to the step lives here once.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -18,6 +22,7 @@ from vllm_dartree.checkpoint import DrafterLayout
 from vllm_dartree.config import LAYOUT_ATTR, SETTINGS_ATTR, DARTreeConfig
 from vllm_dartree.step.budget_report import BudgetReport
 from vllm_dartree.step.profile import StepProfile
+from vllm_dartree.step.tree_step import TreeStep
 from vllm_dartree.tree import DraftTree, build_tree, depth_first
 from vllm_dartree.tree.budget import (
     AdaptiveBudget,
@@ -86,7 +91,11 @@ class TreeDrafting:
 
     ``same_on_every_rank(decision)`` (given by the runner's adapter:
     ``integration.tensor_parallel.same_on_every_rank``) returns rank 0's ``decision`` on
-    every rank of the tensor-parallel group."""
+    every rank of the tensor-parallel group. ``tree_step`` is the engine's
+    :class:`~vllm_dartree.step.tree_step.TreeStep` (set by the adapter), which gets the
+    trees. Each runner keeps its own query forward and its own output format; the end of a
+    proposal is here once: :meth:`finish_proposal` (a drafted step) and
+    :meth:`record_pause` (a step that did not draft)."""
 
     vllm_config: object
     device: torch.device
@@ -95,6 +104,7 @@ class TreeDrafting:
     def init_tree_drafting(self, vllm_config, device,
                            same_on_every_rank: Callable[[bool], bool]) -> None:
         self.same_on_every_rank = same_on_every_rank
+        self.tree_step: TreeStep | None = None  # the engine's step, set by the adapter
         spec = vllm_config.speculative_config
         self.settings: DARTreeConfig = dartree_settings(vllm_config)
         self.layout: DrafterLayout = getattr(spec, LAYOUT_ATTR)  # read and checked at config
@@ -213,6 +223,56 @@ class TreeDrafting:
         choice = self.budget_policy.choose(tree)
         self.budget_report.record(choice, self.budget_policy, self.tree_width)
         return choice
+
+    def finish_proposal(self, depth_hidden: torch.Tensor, roots: torch.Tensor,
+                        req_ids: list[str], chain: bool, started: float, written_ms: float
+                        ) -> tuple[DraftTree, list[int] | None]:
+        """The end of a drafted step: one tree per request ``req_ids[r]`` from the drafter's
+        per-depth hidden states [R, D, H] and the roots [R] (``chain``: the batch is
+        verified as chains, so each gets the drafter's best chain), handed to the engine's
+        step for the next step's verification. With the adaptive budget the trees are the
+        nodes it chose (priority order), and the proposal's wall time since ``started``
+        (``time.perf_counter()``; ``written_ms`` of it wrote held context) is recorded.
+        Returns (the trees handed over, each request's node count to schedule; None without
+        the adaptive budget)."""
+        tree = self.build_trees(depth_hidden, roots, chain)
+        counts = None
+        if self.budget_policy is not None:
+            choice = self.choose_nodes(tree, depth_hidden, roots)
+            tree, counts = choice.tree, choice.counts
+        self.tree_step.hand_over(list(req_ids), tree,
+                                 chains=chain or self.settings.tree == "chain")
+        if self.budget_policy is not None:
+            self._record_drafting(True, started, written_ms)
+        return tree, counts
+
+    def record_pause(self, started: float, written_ms: float) -> None:
+        """The end of a step that did not draft (the adaptive budget's pause: the next step
+        verifies nothing): its wall time since ``started``, ``written_ms`` of it writing
+        held context, told to the budget."""
+        self._record_drafting(False, started, written_ms)
+
+    def _record_drafting(self, drafted: bool, started: float, written_ms: float) -> None:
+        self.budget_policy.record_drafting(drafted, (time.perf_counter() - started) * 1e3,
+                                           set_aside_ms=written_ms)
+
+    def _write_pending_context(self) -> float:
+        """Write every held context into the drafter's cache (one K/V pass over all of it,
+        after :meth:`_combine_held`); returns the ms it took."""
+        held = self.pending_context.take()
+        if held is None:
+            return 0.0
+        started = time.perf_counter()
+        states, positions, slots = held
+        with StepProfile.phase("drafter_forward", self.device):
+            self.model.precompute_and_store_context_kv(self._combine_held(states), positions,
+                                                       slots)
+        return (time.perf_counter() - started) * 1e3
+
+    def _combine_held(self, states: torch.Tensor) -> torch.Tensor:
+        """The drafter's context states of held target states: as held (V2 holds them
+        combined); V1 holds the target's states uncombined and combines them here."""
+        return states
 
     def with_chain_confidence(self, tree: DraftTree, depth_hidden: torch.Tensor,
                               root_tokens: torch.Tensor) -> DraftTree:

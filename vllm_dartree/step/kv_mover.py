@@ -9,7 +9,7 @@ really uses, whatever the platform. Shared by both runners' glue; imports no vLL
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -35,6 +35,30 @@ def layer_kv(layer: Any, metadata: Any) -> LayerKv:
         kv_cache = kv_cache[0]
     return LayerKv(kv_cache, getattr(layer, "isa", ""), metadata.slot_mapping,
                    type(layer.impl))
+
+
+def target_attention_layers(metadata: Mapping[str, Any], layers: Mapping[str, Any],
+                            drafter_layers: Container[str] = ()
+                            ) -> Iterator[tuple[Any, Any]]:
+    """(layer, attention metadata) of every target attention layer of a forward, from the
+    forward's ``metadata`` and the engine's ``layers``, both by layer name. Left out: the
+    drafter's layers (named in ``drafter_layers`` or marked ``is_draft_layer``: they share
+    the KV group but hold no tree) and layers whose metadata has no slot mapping (a hybrid
+    target's GDN/Mamba layers keep their state in per-request slots, ``gdn_rows``)."""
+    for name, item in metadata.items():
+        layer = layers.get(name)
+        if (item is None or layer is None or name in drafter_layers
+                or getattr(layer, "is_draft_layer", False) or not hasattr(item, "slot_mapping")):
+            continue
+        yield layer, item
+
+
+def target_layers_kv(metadata: Mapping[str, Any], layers: Mapping[str, Any],
+                     drafter_layers: Container[str] = ()) -> list[LayerKv]:
+    """The KV of every target attention layer of a forward (:func:`target_attention_layers`),
+    what a tree step compacts after acceptance."""
+    return [layer_kv(layer, item)
+            for layer, item in target_attention_layers(metadata, layers, drafter_layers)]
 
 
 class KvMover:

@@ -15,7 +15,9 @@ No vLLM import: ``runner.py`` translates vLLM's objects into these arguments.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -244,3 +246,13 @@ def needs_chain_verification(sampling_params) -> bool:
         or sp.min_p or sp.logprobs is not None or sp.structured_outputs is not None
         or getattr(sp, "thinking_token_budget", None)
     )
+
+
+def batch_reads_drafted_prefix(requests: Mapping[str, Any], req_ids: Iterable[str]) -> bool:
+    """Whether some request ``req_ids[i]`` of a batch has sampling that reads the drafted
+    prefix (:func:`needs_chain_verification` of its state's ``sampling_params``, ``requests``
+    holding each request's state by id): vLLM then verifies the whole batch as chains, and
+    the drafter hands it chains. (V2's model state keeps the same answer per request row,
+    computed once per request.)"""
+    return any(needs_chain_verification(getattr(requests.get(r), "sampling_params", None))
+               for r in req_ids)

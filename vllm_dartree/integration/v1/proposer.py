@@ -29,8 +29,7 @@ from vllm_dartree.config import LAYOUT_ATTR
 from vllm_dartree.integration.tensor_parallel import same_on_every_rank
 from vllm_dartree.step.drafting import TreeDrafting
 from vllm_dartree.step.profile import StepProfile
-from vllm_dartree.step.tree_step import TreeStep
-from vllm_dartree.step.verify_plan import needs_chain_verification
+from vllm_dartree.step.verify_plan import batch_reads_drafted_prefix
 
 
 class DARTreeProposer(DFlashProposer, TreeDrafting):
@@ -49,7 +48,7 @@ class DARTreeProposer(DFlashProposer, TreeDrafting):
             object.__setattr__(spec, "num_speculative_tokens", budget)
         self.target_runner = runner
         self.init_tree_drafting(vllm_config, device, same_on_every_rank)
-        self.tree_step: TreeStep | None = None  # the engine's step, set by runner.ProposerSwap
+        # self.tree_step, the engine's step, is set by runner.ProposerSwap.
 
     def load_model(self, target_model) -> None:
         super().load_model(target_model)
@@ -68,8 +67,7 @@ class DARTreeProposer(DFlashProposer, TreeDrafting):
             written_ms = self._hold_context(
                 target_token_ids, target_positions, target_hidden_states, next_token_ids,
                 common_attn_metadata, num_rejected_tokens_gpu)
-            self.budget_policy.record_drafting(False, (time.perf_counter() - started) * 1e3,
-                                               set_aside_ms=written_ms)
+            self.record_pause(started, written_ms)
             return [[] for _ in range(next_token_ids.shape[0])]
         written_ms = self._write_pending_context()
         with StepProfile.phase("drafter_forward", self.device):
@@ -80,19 +78,12 @@ class DARTreeProposer(DFlashProposer, TreeDrafting):
         runner = self.target_runner
         req_ids = runner.input_batch.req_ids[: depth_hidden.shape[0]]
         # A batch vLLM verifies as a chain gets the drafter's best chain.
-        chain = any(needs_chain_verification(getattr(runner.requests.get(r), "sampling_params",
-                                                     None)) for r in req_ids)
-        tree = self.build_trees(depth_hidden, next_token_ids, chain)
-        chains = chain or self.settings.tree == "chain"
-        if self.budget_policy is None:
-            self.tree_step.hand_over(list(req_ids), tree, chains=chains)
+        chain = batch_reads_drafted_prefix(runner.requests, req_ids)
+        tree, counts = self.finish_proposal(depth_hidden, next_token_ids, req_ids, chain,
+                                            started, written_ms)
+        if counts is None:
             return tree.tokens
-        choice = self.choose_nodes(tree, depth_hidden, next_token_ids)
-        self.tree_step.hand_over(list(req_ids), choice.tree, chains=chains)
-        tokens = choice.tree.tokens.tolist()
-        self.budget_policy.record_drafting(True, (time.perf_counter() - started) * 1e3,
-                                           set_aside_ms=written_ms)
-        return [row[:count] for row, count in zip(tokens, choice.counts)]
+        return [row[:count] for row, count in zip(tree.tokens.tolist(), counts)]
 
     def _lay_out(self, target_token_ids, target_positions, target_hidden_states,
                  next_token_ids, cad, num_rejected_tokens_gpu, mask_slots: int,
@@ -122,18 +113,10 @@ class DARTreeProposer(DFlashProposer, TreeDrafting):
                                         self._context_slot_mapping_buffer[:count])
         return self._write_pending_context() if full else 0.0
 
-    def _write_pending_context(self) -> float:
-        """Write every held context into the drafter's cache (one combining projection and
-        one K/V pass over all of it); returns the ms it took."""
-        held = self.pending_context.take()
-        if held is None:
-            return 0.0
-        started = time.perf_counter()
-        states, positions, slots = held
-        with StepProfile.phase("drafter_forward", self.device):
-            self.model.precompute_and_store_context_kv(
-                self.model.combine_hidden_states(states), positions, slots)
-        return (time.perf_counter() - started) * 1e3
+    def _combine_held(self, states: torch.Tensor) -> torch.Tensor:
+        """Held context is the target's states, uncombined (``_hold_context``): one
+        combining projection over all of it when it is written."""
+        return self.model.combine_hidden_states(states)
 
     def _draft_block(self, *step_inputs) -> torch.Tensor:
         """One drafter forward over [root, mask x query_slots]: its outputs [R, 1+slots, H]."""

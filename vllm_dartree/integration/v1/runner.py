@@ -16,10 +16,10 @@ from vllm_dartree.integration.patching import ModuleGlobalSwap, VllmPatch
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
 from vllm_dartree.integration.v1.proposer import DARTreeProposer
 from vllm_dartree.step.drafting import dartree_settings
-from vllm_dartree.step.kv_mover import KvMover, LayerKv, layer_kv
+from vllm_dartree.step.kv_mover import KvMover, LayerKv, target_layers_kv
 from vllm_dartree.step.tree_step import STEP_ATTR, TreeStep
 from vllm_dartree.step.verifier import TreeVerifier
-from vllm_dartree.step.verify_plan import needs_chain_verification
+from vllm_dartree.step.verify_plan import batch_reads_drafted_prefix
 
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 
@@ -94,16 +94,10 @@ class VerifyLayout(VllmPatch):
                 req_ids = list(self.input_batch.req_ids)
                 step.plan(req_ids, None if spec is None else list(spec.num_draft_tokens),
                           num_scheduled_tokens, scheduler_output.scheduled_spec_decode_tokens,
-                          verify_as_chain=batch_reads_drafted_prefix(self, req_ids))
+                          verify_as_chain=batch_reads_drafted_prefix(self.requests, req_ids))
             return result
 
         return _prepare_inputs
-
-
-def batch_reads_drafted_prefix(runner, req_ids: list[str]) -> bool:
-    """Whether some request's sampling reads the drafted prefix (vLLM verifies it as a chain)."""
-    return any(needs_chain_verification(getattr(runner.requests.get(r), "sampling_params",
-                                                None)) for r in req_ids)
 
 
 class DepthPositions(VllmPatch):
@@ -131,14 +125,8 @@ def target_kv_caches(runner) -> list[LayerKv]:
     from vllm.forward_context import get_forward_context
 
     context = get_forward_context()
-    drafter_layers = getattr(runner.drafter, "_draft_attn_layer_names", set())
-    found = []
-    for name, metadata in (context.attn_metadata or {}).items():
-        layer = context.no_compile_layers.get(name)
-        if layer is None or metadata is None or name in drafter_layers:
-            continue
-        found.append(layer_kv(layer, metadata))
-    return found
+    return target_layers_kv(context.attn_metadata or {}, context.no_compile_layers,
+                            getattr(runner.drafter, "_draft_attn_layer_names", set()))
 
 
 class TreeSampler(VllmPatch):

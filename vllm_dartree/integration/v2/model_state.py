@@ -21,7 +21,6 @@ default state would silently drop), per step:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,7 +29,7 @@ import torch
 from vllm_dartree.config import DARTreeConfigError
 from vllm_dartree.integration import gdn_rows
 from vllm_dartree.step import tree_context
-from vllm_dartree.step.kv_mover import LayerKv, layer_kv
+from vllm_dartree.step.kv_mover import target_attention_layers, target_layers_kv
 from vllm_dartree.step.tree_step import STEP_ATTR, TreeStep
 from vllm_dartree.step.verify_plan import (
     VerifyPlan,
@@ -75,13 +74,14 @@ class DARTreeModelState:
                        input_batch.num_scheduled_tokens[:num_reqs],
                        DraftsInBatch(input_batch),
                        verify_as_chain=self.batch_reads_drafted_prefix(input_batch))
-        self.plan = self.step.verify_forward(lambda: self._target_kv(metadata))
+        # The drafter builds its own metadata; its layers are marked ``is_draft_layer``.
         layers = self.vllm_config.compilation_config.static_forward_context
+        self.plan = self.step.verify_forward(lambda: target_layers_kv(metadata, layers))
         recurrent = gdn_rows.gdn_layers(metadata, layers)
         self.recurrent_layers = recurrent if self.plan else []
         # Also without a plan (None): a backend may hand out the same metadata object again.
-        tree_context.attach({id(m): m for _, m in [*self._target_layers(metadata), *recurrent]
-                             }.values(), self.plan)
+        target = target_attention_layers(metadata, layers)
+        tree_context.attach({id(m): m for _, m in [*target, *recurrent]}.values(), self.plan)
         return metadata
 
     def commit_recurrent_state(self, paths) -> None:
@@ -89,22 +89,6 @@ class DARTreeModelState:
         path where the next step reads them (``gdn_rows.commit_accepted_paths``)."""
         layers, self.recurrent_layers = self.recurrent_layers, []
         gdn_rows.commit_accepted_paths(layers, paths)
-
-    def _target_layers(self, metadata: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
-        """(layer, attention metadata) of every target attention layer of this forward (the
-        drafter builds its own metadata; its layers are marked ``is_draft_layer``). A hybrid
-        target's GDN/Mamba layers have metadata without a slot mapping (their state lives in
-        per-request state slots, ``gdn_rows``): they are not attention layers here."""
-        layers = self.vllm_config.compilation_config.static_forward_context
-        for name, item in metadata.items():
-            layer = layers.get(name)
-            if (item is not None and layer is not None and hasattr(item, "slot_mapping")
-                    and not getattr(layer, "is_draft_layer", False)):
-                yield layer, item
-
-    def _target_kv(self, metadata: dict[str, Any]) -> list[LayerKv]:
-        """The KV of every target attention layer of this forward."""
-        return [layer_kv(layer, item) for layer, item in self._target_layers(metadata)]
 
     def prepare_inputs(self, input_batch, req_states) -> dict[str, Any]:
         inputs = super().prepare_inputs(input_batch, req_states)

@@ -51,8 +51,8 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
         # The query block: root + the mask slots a tree can use (<= B, so vLLM's per-request
         # sample buffers, sized by B, hold it).
         self.num_query_per_req = 1 + self.query_slots
-        self.step = TreeStep(self.budget, device, TreeVerifier(), KvMover(),
-                             budget_policy=self.budget_policy)
+        self.tree_step = TreeStep(self.budget, device, TreeVerifier(), KvMover(),
+                                  budget_policy=self.budget_policy)
         # The query's hidden states, kept by _generate_draft (a persistent buffer: a FULL
         # drafter graph replays _generate_draft into the same addresses).
         self.query_hidden = torch.zeros(self.max_num_reqs * self.num_query_per_req,
@@ -63,7 +63,7 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
     def load_model(self, target_model: torch.nn.Module) -> None:
         super().load_model(target_model)
         self.load_tree_head()
-        install_model_state(self.vllm_config, target_model, self.step)
+        install_model_state(self.vllm_config, target_model, self.tree_step)
 
     def _generate_draft(self, num_reqs: int, num_tokens_padded: int, attn_metadata,
                         slot_mappings, num_tokens_across_dp,
@@ -92,17 +92,6 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
         if full:
             self._written_ms += self._write_pending_context()
 
-    def _write_pending_context(self) -> float:
-        """Write every held context into the drafter's cache in one K/V pass (the held
-        states are already combined); returns the ms it took."""
-        held = self.pending_context.take()
-        if held is None:
-            return 0.0
-        started = time.perf_counter()
-        with StepProfile.phase("drafter_forward", self.device):
-            self.model.precompute_and_store_context_kv(*held)
-        return (time.perf_counter() - started) * 1e3
-
     def _write_nothing_past_the_limit(self, num_reqs: int, slot_mappings) -> None:
         """Queries at or past ``max_model_len`` write no drafter K/V.
 
@@ -124,7 +113,7 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
                 num_sampled: torch.Tensor, num_rejected: torch.Tensor, *args: Any,
                 **kwargs: Any) -> torch.Tensor:
         started = time.perf_counter()
-        order = self.step.accepted_order(last_hidden_states.shape[0])
+        order = self.tree_step.accepted_order(last_hidden_states.shape[0])
         if order is not None:  # each accepted path's rows first, in path order
             last_hidden_states = last_hidden_states[order]
             if aux_hidden_states:
@@ -146,24 +135,17 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
             return self.draft_tokens[:num_reqs]  # no query ran (0.33+: context only)
         if not drafting:  # the next step verifies nothing (plain decoding)
             setattr(input_batch, COUNTS_ATTR, [0] * num_reqs)
-            self.budget_policy.record_drafting(False, (time.perf_counter() - started) * 1e3,
-                                               set_aside_ms=self._written_ms)
+            self.record_pause(started, self._written_ms)
             return self.draft_tokens[:num_reqs]
         block = self.num_query_per_req
         query = self.query_hidden[: num_reqs * block].view(num_reqs, block, -1)
-        depth_hidden = self.depth_hidden_of(query)
         roots = self.input_buffers.input_ids[: num_reqs * block: block]
-        chain = self.model_state.batch_reads_drafted_prefix(input_batch)
-        tree = self.build_trees(depth_hidden, roots, chain)
-        req_ids = list(input_batch.req_ids[:num_reqs])
-        chains = chain or self.settings.tree == "chain"
-        if self.budget_policy is not None:
-            choice = self.choose_nodes(tree, depth_hidden, roots)
-            tree = choice.tree
-            setattr(input_batch, COUNTS_ATTR, choice.counts)
-            self.budget_policy.record_drafting(True, (time.perf_counter() - started) * 1e3,
-                                               set_aside_ms=self._written_ms)
-        self.step.hand_over(req_ids, tree, chains=chains)
+        tree, counts = self.finish_proposal(
+            self.depth_hidden_of(query), roots, list(input_batch.req_ids[:num_reqs]),
+            self.model_state.batch_reads_drafted_prefix(input_batch), started,
+            self._written_ms)
+        if counts is not None:
+            setattr(input_batch, COUNTS_ATTR, counts)
         self.draft_tokens[:num_reqs].copy_(tree.tokens)
         return self.draft_tokens[:num_reqs]
 
