@@ -317,7 +317,8 @@ def test_registration_points_triton_attn_at_the_subclass():
     if applied_here:
         assert not entry.is_overridden()
     try:
-        activation.TritonTreeAttention.apply()
+        if applied_here:
+            activation.TritonTreeAttention.apply()
         assert entry.get_class() is gpu_attention.TreeTritonAttentionBackend
         builder = entry.get_class().get_builder_cls()
         assert builder.get_cudagraph_support(None, None).name == "NEVER"
