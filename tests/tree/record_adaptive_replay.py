@@ -4,8 +4,11 @@ every one of them at least once.
 
     PYTHONPATH=. python tests/tree/record_adaptive_replay.py
 
-The pause policy's transitions are counted by wrapping ``AdaptiveBudget``'s private methods
-(the policy as of the trace's recording); the others from what the policy's callers see.
+The pause policy's transitions are its own counts (``PausePolicy.fired``); the trace was
+first recorded from the policy before it was split (issue 48, item 4), counting them by
+wrapping its private methods (this script as of commit b889559), and this script writes the
+same file. The other mechanisms are
+counted from what the policy's callers see.
 """
 
 from __future__ import annotations
@@ -22,71 +25,6 @@ from adaptive_replay import TRACE, replay  # noqa: E402
 from vllm_dartree.tree.budget import AdaptiveBudget  # noqa: E402
 
 
-def pause_transitions(policy: AdaptiveBudget, fired: Counter) -> None:
-    """Count the pause policy's transitions into ``fired`` as ``policy`` makes them."""
-    context: dict = {"in": None, "forgot": False, "paused": False, "kind": None}
-    pause, pays_at = policy._pause, policy._pays_at
-    update_worth, should_draft = policy._update_worth, policy.should_draft
-    forget, vetoed = policy.measured.forget_drafting, policy.measured.vetoed
-
-    def counted_pause(requests):
-        if context["in"] == "should_draft":
-            fired["no tree could pay"] += 1
-        else:
-            fired["vetoed" if context["forgot"] else "not paying"] += 1
-        context["kind"], context["paused"] = "pause", True
-        pause(requests)
-
-    def counted_pays_at(requests):
-        pays = pays_at(requests)  # the last test of an early end
-        fired["batch shrank"] += pays
-        return pays
-
-    def counted_forget(requests):
-        context["forgot"] = True
-        forget(requests)
-
-    def counted_vetoed(requests):
-        held = vetoed(requests)
-        if context["in"] == "update_worth":  # asked only where the model approves
-            fired["approved under veto" if held else "approved"] += 1
-        return held
-
-    def counted_update_worth(requests, expected, nodes, curve):
-        context.update({"in": "update_worth", "forgot": False, "paused": False})
-        before = policy._off_left
-        try:
-            update_worth(requests, expected, nodes, curve)
-        finally:
-            context["in"] = None
-        if policy.steps <= policy.probe_steps:
-            if policy._off_left:
-                fired["start-up sample"] += 1
-                context["kind"] = "plain"
-        elif not context["paused"] and policy._off_left != before:
-            fired["plain probe"] += 1
-            context["kind"] = "plain"
-
-    def counted_should_draft(requests):
-        context["in"] = "should_draft"
-        before = policy._off_left
-        try:
-            drafts = should_draft(requests)
-        finally:
-            context["in"] = None
-        if before > 0 and policy._off_left == 0 and not drafts:
-            fired["pause over" if context["kind"] == "pause" else "plain sampled"] += 1
-        return drafts
-
-    policy._pause, policy._pays_at = counted_pause, counted_pays_at
-    policy._update_worth, policy.should_draft = counted_update_worth, counted_should_draft
-    policy.measured.forget_drafting, policy.measured.vetoed = counted_forget, counted_vetoed
-
-
-def back_off(policy: AdaptiveBudget) -> int:
-    return policy._backoff
-
-
 def watch_public_calls(policy: AdaptiveBudget, fired: Counter) -> None:
     """Count into ``fired`` the back-off's doublings and resets, the drafted probes that run
     where the back-off is at its maximum (no test of whether a tree could pay), and the
@@ -95,16 +33,16 @@ def watch_public_calls(policy: AdaptiveBudget, fired: Counter) -> None:
     last = {"drafted": True}
 
     def watched(call, *args):
-        before = back_off(policy)
+        before = policy.pause.backoff
         result = call(*args)
-        after = back_off(policy)
+        after = policy.pause.backoff
         fired["back-off doubled"] += after > before
         fired["back-off reset"] += after < before
         return result
 
     def watched_should_draft(requests):
         drafts = watched(should_draft, requests)
-        if drafts and not last["drafted"] and back_off(policy) == policy.max_off_steps:
+        if drafts and not last["drafted"] and policy.pause.backoff == policy.max_off_steps:
             fired["probe at the largest back-off"] += 1
         last["drafted"] = drafts
         return drafts
@@ -124,8 +62,10 @@ def watch_public_calls(policy: AdaptiveBudget, fired: Counter) -> None:
 
 def main() -> None:
     fired: Counter = Counter()
-    runs = replay(lambda policy: (pause_transitions(policy, fired),
-                                  watch_public_calls(policy, fired)))
+    policies: list[AdaptiveBudget] = []
+    runs = replay(lambda policy: (policies.append(policy), watch_public_calls(policy, fired)))
+    for policy in policies:
+        fired.update(policy.pause.fired)  # the pause policy's transitions, by rule
     mechanisms = dict(sorted(fired.items()))
     mechanisms.update(observed_mechanisms(runs))
     missing = [name for name, count in mechanisms.items() if count == 0]

@@ -1,4 +1,4 @@
-"""The adaptive budget (tree/budget.py): acceptance, priority order, the allocation on
+"""The adaptive budget (tree/budget/): acceptance, priority order, the allocation on
 hand-made cost curves and probabilities, the cost fit and the calibration arithmetic."""
 
 import math
@@ -168,11 +168,11 @@ def test_an_idle_gap_before_warmup_is_not_taken_for_cost():
 def test_the_fit_is_solved_when_read_and_screened_against_a_recent_solve(monkeypatch):
     """Observing alone (a pause in drafting) solves once per ``screen_lag`` samples, for the
     outlier screen; reading the coefficients solves whatever was added since."""
-    from vllm_dartree.tree import budget as budget_module
+    from vllm_dartree.tree.budget import cost as cost_module
 
     solves = []
-    solve = budget_module.nonnegative_least_squares
-    monkeypatch.setattr(budget_module, "nonnegative_least_squares",
+    solve = cost_module.nonnegative_least_squares
+    monkeypatch.setattr(cost_module, "nonnegative_least_squares",
                         lambda *args: solves.append(1) or solve(*args))
     model = LinearCost(("step", "row"), warmup=4, screen_lag=16)
     for i in range(64):
@@ -330,8 +330,8 @@ def test_a_pause_ends_with_a_drafted_probe_where_the_trees_seen_could_pay():
     policy = costly_drafting_policy()
 
     def trees_promised_every_node():
-        policy._recent_curves.clear()
-        policy._recent_curves.append(np.minimum(np.arange(1.0, 13.0), 3.0))
+        policy.outlook.recent_curves.clear()
+        policy.outlook.recent_curves.append(np.minimum(np.arange(1.0, 13.0), 3.0))
 
     assert pauses_after_drafted_steps(policy, random_trees(4), 3,
                                       trees_promised_every_node) == [2, 4, 8]
@@ -341,9 +341,9 @@ def test_a_probe_is_judged_by_the_trees_seen_on_average():
     """One easy step whose tree promised every node among 63 that promised 0.1 per node:
     the average does not pay, so the pause goes on without a drafted probe."""
     policy = step_cost_policy(ms_per_step=40.0)
-    policy._recent_curves.append(np.minimum(np.arange(1.0, 13.0), 3.0))
+    policy.outlook.recent_curves.append(np.minimum(np.arange(1.0, 13.0), 3.0))
     assert policy.should_draft(4)
-    policy._recent_curves.extend([np.minimum(0.1 * np.arange(1.0, 13.0), 3.0)] * 63)
+    policy.outlook.recent_curves.extend([np.minimum(0.1 * np.arange(1.0, 13.0), 3.0)] * 63)
     assert not policy.should_draft(4)
 
 
@@ -378,7 +378,7 @@ def test_nodes_that_promise_less_than_a_token_each_cannot_pay_where_sure_ones_wo
     lets a probe run."""
     for per_node, drafts in ((1.0, True), (0.6, False)):
         policy = step_cost_policy(ms_per_step=40.0)
-        policy._recent_curves.append(np.minimum(per_node * np.arange(1.0, 13.0), 3.0))
+        policy.outlook.recent_curves.append(np.minimum(per_node * np.arange(1.0, 13.0), 3.0))
         assert policy.should_draft(4) is drafts
 
 
@@ -503,7 +503,7 @@ def test_a_veto_keeps_the_back_off_growing_until_drafting_measures_paying():
 
     assert [veto(on_ms=40.0) for _ in range(3)] == [4, 8, 16]
     veto(on_ms=20.0)  # measured: 0.175 tokens/ms drafting against 0.12 plain
-    assert policy._backoff == policy.off_steps
+    assert policy.pause.backoff == policy.off_steps
 
 
 def test_drafting_pauses_to_measure_plain_steps():
