@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench-tree models clean
+.PHONY: setup demo test test-fast lint bench-tree models clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,12 @@ test: setup
 	echo "V2 suite:"; cat $(V2_LOG); \
 	echo "main suite exit $$main, V2 suite exit $$v2"; \
 	test $$main -eq 0 && test $$v2 -eq 0
+
+# The inner loop: both suites without the tests that start a vLLM engine (marker e2e).
+test-fast: setup
+	$(PY) -m pytest -q -m "not e2e"
+	VLLM_USE_V2_MODEL_RUNNER=1 PYTHONPATH=tests/v2/site $(PY) -m pytest -q -p no:cacheprovider \
+	    -m "not e2e" tests/v2
 
 lint: setup
 	$(VENV)/bin/ruff check .
