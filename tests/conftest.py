@@ -204,3 +204,19 @@ def one_core_per_rank():
     mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     yield
     mp.undo()
+
+
+# vLLM's lattice drafters (DFlash2, LiLiCorr) for the tiny target, in vLLM's own layouts
+# (models/tiny_lattice.py), for its stock speculators (tests/v2/test_v2_lattice_stock.py).
+@pytest.fixture(scope="session")
+def tiny_dflash2():
+    from vllm_dartree.models.tiny_lattice import write_tiny_dflash2
+
+    return write_tiny_dflash2(tiny_models.TargetSpec())
+
+
+@pytest.fixture(scope="session")
+def tiny_lilicorr():
+    from vllm_dartree.models.tiny_lattice import write_tiny_lilicorr
+
+    return write_tiny_lilicorr(tiny_models.TargetSpec())

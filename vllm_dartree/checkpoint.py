@@ -18,6 +18,16 @@ Two released formats share one schema (a Qwen3 config plus DFlash keys):
   ``d2t``). vLLM (``qwen3_dspark.py``, ``dspark/speculator.py``) runs it anchor-first:
   ``block_size`` query slots [root, mask x (block_size - 1)], slot j predicting position
   root + j + 1 (the shift layout) unless ``sample_from_anchor`` is false.
+- vLLM's lattice drafters, a DFlash backbone whose head scores K candidates per depth and
+  every transition between them (vLLM runs them on its V2 runner only):
+  - DFlash2 (``architectures: ["DFlash2DraftModel"]``, ``qwen3_dflash2.py``): z-lab's layout
+    plus ``dflash_config: {selector_top_k, selector_rank, conv_kernel_size,
+    conv_group_size}`` (optional: ``input_embedding_scale``, ``output_multiplier``,
+    ``final_logit_softcapping``);
+  - LiLiCorr (``["LiLiCorrDraftModel"]``, ``lilicorr.py``): z-lab's layout plus
+    ``dflash_config: {lilicorr_candidate_topk, lilicorr_num_layers, lilicorr_num_heads,
+    lilicorr_hidden_size, lilicorr_mlp_ratio, lilicorr_factor_dim, lilicorr_vector_eps,
+    lilicorr_logit_scale}`` (optional: the DFlash2 conv keys, both or neither).
 
 Each field has one default, what the releases' own code takes its absence to mean (named
 where it is set). The drafter in vLLM, the benchmark, training and the fixture writers all
@@ -37,6 +47,18 @@ DSPARK_ARCHITECTURE = "Qwen3DSparkModel"  # vLLM's registry name for dense Qwen3
 # prefixes "DFlash"), which is how a dartree engine sees the config.
 DSPARK_ARCHITECTURES = (DSPARK_ARCHITECTURE, "DFlash" + DSPARK_ARCHITECTURE)
 DOMINO, MARKOV = "domino", "markov"  # the correction-head kinds a layout can name
+DFLASH2, LILICORR = "dflash2", "lilicorr"  # the lattice kinds a layout can name
+# vLLM's registry names of its lattice drafters (EAGLEConfig keeps both names as they are).
+LATTICE_ARCHITECTURES = {"DFlash2DraftModel": DFLASH2, "LiLiCorrDraftModel": LILICORR}
+# dflash_config keys vLLM's models index without a default, per lattice kind.
+LATTICE_REQUIRED_KEYS = {
+    DFLASH2: ("selector_top_k", "selector_rank", "conv_kernel_size", "conv_group_size"),
+    LILICORR: ("lilicorr_candidate_topk", "lilicorr_num_layers", "lilicorr_num_heads",
+               "lilicorr_hidden_size", "lilicorr_mlp_ratio", "lilicorr_factor_dim",
+               "lilicorr_vector_eps", "lilicorr_logit_scale"),
+}
+LATTICE_TOP_K_KEY = {DFLASH2: "selector_top_k", LILICORR: "lilicorr_candidate_topk"}
+SUPPORTED_ARCHITECTURES = (ARCHITECTURE, DSPARK_ARCHITECTURE, *LATTICE_ARCHITECTURES)
 # Domino's projector names (DARTree normalises its older alias "causal_v5" to "domino").
 HEAD_OF_PROJECTOR = {None: None, "domino": DOMINO, "causal_v5": DOMINO}
 # DeepSpec's Markov head types; vLLM's Qwen3 DSpark model implements only the vanilla one.
@@ -95,6 +117,10 @@ class DrafterLayout:
     # Output (draft) vocabulary V' when smaller than vocab_size: the checkpoint then ships
     # d2t (draft id i -> target id i + d2t[i]) and its own lm_head. None: V' = vocab_size.
     draft_vocab_size: int | None = None
+    # DFLASH2 or LILICORR: the drafter scores its own candidate lattice (no correction
+    # head), lattice_top_k candidates per depth. None: the drafter gives logits only.
+    lattice: str | None = None
+    lattice_top_k: int | None = None
     logit_scale: float = 1.0  # LogitsProcessor scale vLLM applies to base logits and bias
     rms_norm_eps: float = 1e-6  # Qwen3Config's default
     # Absent: transformers' Qwen3Config default, which is what vLLM loads a drafter config
@@ -125,6 +151,10 @@ class DrafterLayout:
         return self.head == MARKOV
 
     @property
+    def has_lattice(self) -> bool:
+        return self.lattice is not None
+
+    @property
     def num_depths(self) -> int:
         """Positions one drafter forward drafts: 16 for b16 Domino, 15 for b16 z-lab DFlash."""
         return self.block_size if self.shift_label else self.block_size - 1
@@ -135,8 +165,13 @@ class DrafterLayout:
         """Read a drafter ``config.json`` (released, or written by :meth:`to_config`);
         every error names the field, its value and what is allowed."""
         _refuse_causal_or_sliding(config)
-        dspark = any(a in DSPARK_ARCHITECTURES for a in config.get("architectures") or ())
-        fields_of_head = _dspark_fields(config) if dspark else _domino_fields(config)
+        architectures = config.get("architectures") or ()
+        dspark = any(a in DSPARK_ARCHITECTURES for a in architectures)
+        lattice = next((LATTICE_ARCHITECTURES[a] for a in architectures
+                        if a in LATTICE_ARCHITECTURES), None)
+        _refuse_unknown_architecture(architectures, dspark or lattice is not None)
+        fields_of_head = (_dspark_fields(config) if dspark else _lattice_fields(config, lattice)
+                          if lattice else _domino_fields(config))
         dflash = dict(config.get("dflash_config") or {})
         # vLLM's DFlash model reads dflash_config first, then the top level (DSpark's place).
         mask = dflash.get("mask_token_id", config.get("mask_token_id"))
@@ -216,7 +251,11 @@ class DrafterLayout:
     # ------------------------------------------------------------------------- writing
     def to_config(self, dtype: str = "float32") -> dict[str, Any]:
         """``config.json`` in the released format: DSpark's for a Markov head, else DFlash's
-        (Domino's when the layout has a Domino head)."""
+        (Domino's when the layout has a Domino head). A lattice drafter's config holds keys
+        this layout does not (its selector's rank, its conv): not written here."""
+        if self.has_lattice:
+            raise DrafterConfigError(f"to_config writes DFlash, Domino and DSpark configs, not "
+                                     f"a {self.lattice} drafter's")
         config: dict[str, Any] = {
             "architectures": [DSPARK_ARCHITECTURE if self.is_dspark else ARCHITECTURE],
             "model_type": "qwen3",
@@ -279,6 +318,48 @@ class DrafterLayout:
 
 
 # ------------------------------------------------------------------------- per format
+def _refuse_unknown_architecture(architectures, known_special: bool) -> None:
+    """A DFlash-family name this reader does not know (DFlash2's beam or NoPE variants, a
+    future head) is refused by name rather than read as plain DFlash."""
+    if known_special:
+        return
+    unknown = [a for a in architectures if a != ARCHITECTURE and not a.startswith("DFlashQwen3")
+               and ("DFlash" in a or "LiLiCorr" in a or "DSpark" in a)]
+    if unknown:
+        raise DrafterConfigError(
+            f"drafter config architectures = {list(architectures)} names {unknown[0]!r}, "
+            f"which dartree does not read; allowed: {', '.join(SUPPORTED_ARCHITECTURES)}")
+
+
+def _lattice_fields(config: dict[str, Any], lattice: str) -> dict[str, Any]:
+    """Fields of a DFlash2 or LiLiCorr config: the keys vLLM's model reads without a
+    default must be there, the candidate count a positive integer (a power of two <= 16 for
+    LiLiCorr, as its head requires)."""
+    dflash = dict(config.get("dflash_config") or {})
+    if dflash.get("projector_type") is not None:
+        raise DrafterConfigError(
+            f"{lattice} drafter config sets dflash_config.projector_type = "
+            f"{dflash['projector_type']!r}; allowed: absent (its lattice is its correction)")
+    missing = [key for key in LATTICE_REQUIRED_KEYS[lattice] if key not in dflash]
+    if missing:
+        raise DrafterConfigError(
+            f"{lattice} drafter config is missing dflash_config.{', '.join(missing)} (vLLM's "
+            f"{lattice} model reads them without a default)")
+    if lattice == LILICORR and not dflash.get("lilicorr_enabled", True):
+        raise DrafterConfigError("LiLiCorr drafter config dflash_config.lilicorr_enabled = "
+                                 "False is not supported; allowed: absent or true")
+    key = LATTICE_TOP_K_KEY[lattice]
+    top_k = dflash[key]
+    powers = lattice != LILICORR or (top_k <= 16 and top_k & (top_k - 1) == 0)
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1 or not powers:
+        raise DrafterConfigError(
+            f"{lattice} drafter config dflash_config.{key} = {top_k!r} is not supported; "
+            "allowed: a positive integer" + (" power of two <= 16" if lattice == LILICORR
+                                             else ""))
+    # vLLM runs both in z-lab's layout (its DFlash speculator has no shift layout).
+    return {"shift_label": False, "lattice": lattice, "lattice_top_k": top_k}
+
+
 def _refuse_causal_or_sliding(config: dict[str, Any]) -> None:
     dflash = dict(config.get("dflash_config") or {})
     unsupported = {

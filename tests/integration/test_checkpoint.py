@@ -211,3 +211,59 @@ def test_drafter_weight_names_of_vision_language_releases_are_read_bare(name, ba
     """Qwen3.5/3.6 drafters may name their backbone by the target's text-model path; the
     engine e2e on such a checkpoint: tests/v2/test_v2_hybrid.py (Qwen3.5)."""
     assert bare_weight_name(name) == bare
+
+
+# ------------------------------------------------------------------- lattice drafters
+def dflash2(hidden: int, intermediate: int) -> dict:
+    """A DFlash2 config as vLLM's qwen3_dflash2.py reads it: z-lab's keys plus the
+    candidate selector's and the grouped conv's."""
+    config = zlab_dflash(hidden, intermediate) | {"architectures": ["DFlash2DraftModel"]}
+    config["dflash_config"] = config["dflash_config"] | {
+        "selector_top_k": 8, "selector_rank": 64, "conv_kernel_size": 4, "conv_group_size": 64}
+    return config
+
+
+def lilicorr(hidden: int, intermediate: int) -> dict:
+    """A LiLiCorr config as vLLM's lilicorr.py reads it."""
+    config = zlab_dflash(hidden, intermediate) | {"architectures": ["LiLiCorrDraftModel"]}
+    config["dflash_config"] = config["dflash_config"] | {
+        "lilicorr_candidate_topk": 8, "lilicorr_num_layers": 2, "lilicorr_num_heads": 8,
+        "lilicorr_hidden_size": 512, "lilicorr_mlp_ratio": 2.0, "lilicorr_factor_dim": 64,
+        "lilicorr_vector_eps": 1e-6, "lilicorr_logit_scale": 16.0}
+    return config
+
+
+@pytest.mark.parametrize("release, kind", [(dflash2, "dflash2"), (lilicorr, "lilicorr")])
+def test_lattice_drafter_configs_are_read(release, kind):
+    layout = DrafterLayout.from_config(release(*SIZES["Qwen3-8B"]))
+    assert (layout.lattice, layout.lattice_top_k, layout.head) == (kind, 8, None)
+    assert layout.num_depths == 15  # z-lab's layout, as vLLM runs both
+    with pytest.raises(DrafterConfigError, match="not a " + kind):
+        layout.to_config()
+
+
+@pytest.mark.parametrize("release, change, message", [
+    (dflash2, {"selector_rank": None}, "missing dflash_config.selector_rank"),
+    (dflash2, {"selector_top_k": 0}, r"selector_top_k = 0 is not supported"),
+    (lilicorr, {"lilicorr_candidate_topk": 6}, "power of two <= 16"),
+    (lilicorr, {"lilicorr_enabled": False}, "lilicorr_enabled = False"),
+    (dflash2, {"projector_type": "domino"}, "projector_type = 'domino'"),
+])
+def test_a_bad_lattice_config_names_its_field(release, change, message):
+    config = release(*SIZES["Qwen3-8B"])
+    for key, value in change.items():
+        if value is None:
+            config["dflash_config"].pop(key)
+        else:
+            config["dflash_config"][key] = value
+    with pytest.raises(DrafterConfigError, match=message):
+        DrafterLayout.from_config(config)
+
+
+@pytest.mark.parametrize("architecture", ["DFlash2BeamDraftModel", "DFlash2RicursiveDraftModel",
+                                          "Gemma4DSparkModel"])
+def test_a_drafter_architecture_not_understood_is_refused_by_name(architecture):
+    config = dflash2(*SIZES["Qwen3-8B"]) | {"architectures": [architecture]}
+    with pytest.raises(DrafterConfigError, match=f"names '{architecture}'.*allowed: "
+                                                 "DFlashDraftModel"):
+        DrafterLayout.from_config(config)

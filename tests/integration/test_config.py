@@ -144,6 +144,13 @@ def test_correction_needs_a_correction_head(tiny_target, tiny_dflash):
                                      "correction": True})
 
 
+def test_vllm_refuses_lattice_drafters_on_its_v1_runner(tiny_target, tiny_dflash2):
+    """DFlash2 / LiLiCorr run on vLLM's V2 runner only; vLLM refuses them on V1 itself, at
+    config time (tests/v2/test_v2_lattice.py: the V2 gate)."""
+    with pytest.raises(ValueError, match="V1 does not support: DFlash candidate-head drafts"):
+        _engine_config(tiny_target, {"method": "dartree", "model": str(tiny_dflash2)})
+
+
 def test_explicit_top_k_must_fit_the_vocabulary(tiny_target, tiny_domino):
     with pytest.raises(DARTreeConfigError, match=r"'top_k' = 600 exceeds the vocabulary size 512"):
         _engine_config(tiny_target, {"method": "dartree", "model": str(tiny_domino), "top_k": 600})

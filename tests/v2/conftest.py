@@ -86,3 +86,14 @@ def float32_clear_prompts(model: str, cls: str, candidates: list[list[int]], max
     (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")]
     found = json.loads(line.removeprefix("RESULT"))
     return [prompt for prompt, _ in found], [tokens for _, tokens in found]
+
+
+# Lattice drafters (DFlash2, LiLiCorr) with their targets: (target dir, drafter dir).
+@pytest.fixture(scope="session")
+def lattice_dflash2(tiny_target, tiny_dflash2):
+    return tiny_target, tiny_dflash2
+
+
+@pytest.fixture(scope="session")
+def lattice_lilicorr(tiny_target, tiny_lilicorr):
+    return tiny_target, tiny_lilicorr

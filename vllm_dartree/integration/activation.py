@@ -372,11 +372,17 @@ def check_drafter(config, draft_hf_config, target_model_config, parallel_config)
         target_hidden=target_model_config.get_hidden_size(),
         target_layers=target_model_config.get_num_layers(parallel_config),
     )
-    if config.correction and not layout.has_head:
+    if config.correction and not (layout.has_head or layout.has_lattice):
         raise DARTreeConfigError(
             f"speculative_config key 'correction' = True needs a drafter with a correction "
-            f"head (Domino or DSpark); {config.model} is a DFlash checkpoint without one (set "
-            "correction to false or use a Domino or DSpark drafter)"
+            f"head (Domino or DSpark) or its own lattice (DFlash2, LiLiCorr); {config.model} is "
+            "a DFlash checkpoint without one (set correction to false or use such a drafter)"
+        )
+    if layout.has_lattice and config.user_set("top_k") and config.top_k != layout.lattice_top_k:
+        raise DARTreeConfigError(
+            f"speculative_config key 'top_k' = {config.top_k} does not apply to {config.model}: "
+            f"a {layout.lattice} drafter scores its own {layout.lattice_top_k} candidates per "
+            f"depth (leave top_k unset, or set it to {layout.lattice_top_k})"
         )
     # The default K is capped at the vocabulary; a K the user chose must fit it.
     if config.user_set("top_k") and config.top_k > target_model_config.get_vocab_size():

@@ -78,6 +78,8 @@ DRAFT_SPECULATOR = "vllm.v1.worker.gpu.spec_decode.speculator:DraftModelSpeculat
 MODEL_STATE = "vllm.v1.worker.gpu.model_states.default:DefaultModelState"
 INPUT_BATCH = "vllm.v1.worker.gpu.input_batch:InputBatch"
 PROPOSER = "vllm.v1.spec_decode.dflash:DFlashProposer"
+DFLASH2 = "vllm.v1.worker.gpu.spec_decode.dflash2.speculator:DFlash2Speculator"
+LILICORR = "vllm.v1.worker.gpu.spec_decode.lilicorr.speculator:LiLiCorrSpeculator"
 BASE_PROPOSER = "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer"
 GDN_CPU = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
 GDN_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
@@ -428,6 +430,30 @@ NAMES: tuple[VllmName, ...] = _names(
     VllmName(f"{DFLASH}.query_cudagraph_manager",
              use="a paused step holds context only where the query runs eagerly"),
     VllmName("vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager.cudagraph_mode"),
+    # --- lattice drafters, DFlash2 and LiLiCorr (integration/v2/lattice.py)
+    VllmName(f"{DFLASH2}", use="subclassed: trees over a DFlash2 drafter's lattice"),
+    VllmName(f"{DFLASH2}._score_candidates",
+             ("self", "candidate_ids", "unary_logits", "hidden_states"), exact=True,
+             use="private: the lattice's transition scores [R, D, K, K]"),
+    VllmName(f"{DFLASH2}.top_k", use="set to the lattice's K, as the tree drafting sets it"),
+    VllmName(f"{LILICORR}", use="subclassed: trees over a LiLiCorr drafter's lattice"),
+    VllmName(f"{LILICORR}._score_candidates",
+             ("self", "candidate_ids", "unary_logits", "hidden_states"), exact=True,
+             use="private: the lattice's transition scores [R, D, K, K]"),
+    VllmName(f"{LILICORR}.prepare_context_anchor",
+             use="called by DFlashSpeculator.propose: the anchor is the last accepted row "
+                 "(accepted paths' rows come first)"),
+    VllmName(f"{DFLASH}.load_draft_model", ("self", "target_model", "target_attn_layer_names"),
+             exact=True, use="wrapped: a lattice drafter built for the dartree query block"),
+    VllmName(f"{DRAFT_SPECULATOR}.vllm_config", use="the config the drafter is loaded from"),
+    *[VllmName(f"vllm.model_executor.models.{model}.compute_candidates",
+               ("self", "hidden_states"), exact=True, use="the lattice's K candidates")
+      for model in ("qwen3_dflash2:DFlash2Qwen3ForCausalLM", "lilicorr:LiLiCorrForCausalLM")],
+    *[VllmName(f"vllm.model_executor.models.{model}.candidate_logits_processor",
+               use="the candidate head's logits over the vocabulary (DDTree)")
+      for model in ("qwen3_dflash2:DFlash2Qwen3ForCausalLM", "lilicorr:LiLiCorrForCausalLM")],
+    VllmName("vllm.model_executor.models.qwen3_dflash2:DFlash2Qwen3DecoderLayer.__init__",
+             use="reads num_speculative_tokens as its query block (the conv's)"),
     # --- vLLM 0.34's custom-speculator API (integration/v2/registry.py)
     VllmName("vllm.v1.worker.gpu.spec_decode.speculator_config:register_speculative_method",
              ("name", "config_cls"), exact=True, releases=REGISTRY_RELEASES,

@@ -33,6 +33,7 @@ from vllm_dartree.tree.budget import (
 )
 from vllm_dartree.tree.build import capture_all_shapes
 from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size
+from vllm_dartree.tree.lattice import Lattice
 
 
 def dartree_settings(vllm_config) -> DARTreeConfig | None:
@@ -109,8 +110,15 @@ class TreeDrafting:
         self.settings: DARTreeConfig = dartree_settings(vllm_config)
         self.layout: DrafterLayout = getattr(spec, LAYOUT_ATTR)  # read and checked at config
         self.budget = self.settings.budget
-        self.use_correction = (self.layout.has_head if self.settings.correction is None
+        corrects = self.layout.has_head or self.layout.has_lattice
+        self.use_correction = (corrects if self.settings.correction is None
                                else self.settings.correction)
+        # A lattice drafter's correction is its own lattice, scored each step.
+        self.use_lattice = self.use_correction and self.layout.has_lattice
+        # K candidates per depth: a lattice's own (vLLM's lattice speculators set the same
+        # attribute to it), else the setting capped at the vocabulary.
+        self.top_k = (self.layout.lattice_top_k if self.layout.has_lattice else
+                      min(self.settings.top_k, vllm_config.model_config.get_vocab_size()))
         self.head = None
         self.graphs: CorrectionGraphs | None = None
         # The adaptive budget: the drafter asks it which nodes to hand over, the step tells
@@ -128,7 +136,7 @@ class TreeDrafting:
 
     def load_tree_head(self) -> None:
         """After the drafter model is loaded: its correction head and the head's graphs."""
-        if self.use_correction:
+        if self.use_correction and not self.use_lattice:
             self.head = self.model.correction_head()
         self.graphs = self._correction_graphs()
 
@@ -170,9 +178,6 @@ class TreeDrafting:
         """W of this step's pruned tree: the configured width, or the auto width's choice."""
         return self.auto_width.width if self.auto_width else self.settings.max_width
 
-    @property
-    def top_k(self) -> int:
-        return min(self.settings.top_k, self.vllm_config.model_config.get_vocab_size())
 
     def depth_hidden_of(self, query_out: torch.Tensor) -> torch.Tensor:
         """The drafter's query outputs [R, 1 + query_slots, H] -> one hidden state per tree
@@ -188,21 +193,33 @@ class TreeDrafting:
         roots [R] (``chain``: the drafter's best chain, for a batch verified as chains).
         With a fixed budget the tree comes depth-first (see ``tree.depth_first``)."""
         num_reqs, depths, hidden = depth_hidden.shape
+        variant = "chain" if chain else self.settings.tree
         with StepProfile.phase("drafter_logits", self.device):
-            base_logits, vocab_ids = self.model.draft_logits(
+            base_logits, vocab_ids = self.depth_logits(
                 depth_hidden.reshape(-1, hidden), min_columns=max(self.top_k, self.budget))
             base_logits = base_logits.view(num_reqs, depths, -1).float()
-        variant = "chain" if chain else self.settings.tree
+            lattice = (self.depth_lattice(depth_hidden, root_tokens)
+                       if self.use_lattice and variant != "ddtree" else None)
         with StepProfile.phase("tree_build", self.device):
             tree = build_tree(
                 variant, base_logits, depth_hidden.float(), root_tokens.to(torch.int64),
                 self.head, budget=self.budget, top_k=self.top_k, width=self.tree_width,
                 depth_bonus=self.settings.effective_depth_bonus, graphs=self.graphs,
-                vocab_ids=vocab_ids,
+                vocab_ids=vocab_ids, lattice=lattice,
             )
             if variant != "chain" and self.budget_policy is None:
                 tree = depth_first(tree)  # verified depth-first: see tree.depth_first
         return tree
+
+    def depth_logits(self, hidden: torch.Tensor, min_columns: int = 1
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The drafter's logits of hidden states [N, H] (see the drafter model's)."""
+        return self.model.draft_logits(hidden, min_columns=min_columns)
+
+    def depth_lattice(self, depth_hidden: torch.Tensor, roots: torch.Tensor) -> Lattice:
+        """The drafter's candidate lattice of the depths [R, D, H] (lattice drafters only:
+        ``integration/v2/lattice.py``)."""
+        raise NotImplementedError(f"{type(self).__name__} drafts no lattice")
 
     def drafts_this_step(self, num_requests: int) -> bool:
         """The adaptive budget's call (always True without it); every tensor-parallel rank

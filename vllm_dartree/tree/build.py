@@ -7,7 +7,9 @@ budget B. Depth d (1-based) uses row d-1 of both. ``chain``, ``ddtree``, ``fixed
 no host syncs); ``sequential`` is the slow per-node reference of the DARTree ablation.
 
 The correction head (Domino's GRU head or DSpark's Markov head) is used only through the
-:class:`~vllm_dartree.tree.heads.CorrectionHead` protocol.
+:class:`~vllm_dartree.tree.heads.CorrectionHead` protocol. A drafter that scores its own
+candidate lattice (DFlash2, LiLiCorr) gives a :class:`~vllm_dartree.tree.lattice.Lattice`
+instead: its candidates and per-parent rows replace the top-K and the head.
 
 Tie-breaking is deterministic everywhere: among equal scores the lower index wins (the
 ancestor first, then the lower candidate rank / insertion order).
@@ -24,6 +26,7 @@ import torch
 from vllm_dartree.kernels.topb import select_top_b
 from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size
 from vllm_dartree.tree.heads import CorrectionHead
+from vllm_dartree.tree.lattice import Lattice, row_logprobs
 from vllm_dartree.tree.types import DraftTree, padded_tree
 
 VARIANTS = ("chain", "ddtree", "fixed", "pruned", "sequential")
@@ -45,6 +48,7 @@ def build_tree(
     depth_bonus: float = -0.2,
     graphs: CorrectionGraphs | None = None,
     vocab_ids: torch.Tensor | None = None,
+    lattice: Lattice | None = None,
 ) -> DraftTree:
     """Build the draft trees of R requests with one of ``VARIANTS``.
 
@@ -65,7 +69,14 @@ def build_tree(
 
     ``graphs`` (wrapping ``head``) runs the per-depth head calls of ``chain``, ``fixed`` and
     ``pruned`` as padded fixed-shape steps (CUDA graphs on a GPU); ``sequential`` ignores it.
+
+    ``lattice`` (the drafter's own, ``head`` None): ``chain``, ``fixed``, ``pruned`` and
+    ``sequential`` grow over its candidates, each node's children scored by its own row
+    (``top_k`` is the lattice's K); ``ddtree`` still reads ``base_logits``.
     """
+    if lattice is not None:
+        _validate_lattice(lattice, base_logits, head)
+        top_k = lattice.top_k
     _validate(variant, base_logits, draft_hidden, root_tokens, head, budget, top_k, width,
               depth_bonus)
     if vocab_ids is not None and tuple(vocab_ids.shape) != (base_logits.shape[-1],):
@@ -75,9 +86,10 @@ def build_tree(
         raise ValueError("graphs must wrap the head passed to build_tree")
     if variant == "ddtree":
         return build_ddtree(base_logits, root_tokens, budget=budget, vocab_ids=vocab_ids)
-    if variant == "chain" and head is None:
+    if variant == "chain" and head is None and lattice is None:
         return build_argmax_chain(base_logits, root_tokens, budget=budget, vocab_ids=vocab_ids)
-    candidates = prepare_candidates(base_logits, draft_hidden, head, top_k, vocab_ids)
+    candidates = (lattice_candidates(lattice) if lattice is not None else
+                  prepare_candidates(base_logits, draft_hidden, head, top_k, vocab_ids))
     depths = base_logits.shape[1]
     if variant == "sequential":
         return build_sequential(candidates, head, root_tokens, budget=budget,
@@ -158,6 +170,15 @@ def _validate(variant, base_logits, draft_hidden, root_tokens, head, budget, top
                              f"{list(draft_hidden.shape)}")
 
 
+def _validate_lattice(lattice: Lattice, base_logits: torch.Tensor,
+                      head: CorrectionHead | None) -> None:
+    if head is not None:
+        raise ValueError("a lattice replaces the correction head: give one of them, not both")
+    if lattice.ids.shape[:2] != base_logits.shape[:2]:
+        raise ValueError(f"lattice ids [R, D, K] = {list(lattice.ids.shape)} must have the "
+                         f"base logits' R and D {list(base_logits.shape[:2])}")
+
+
 # ------------------------------------------------------------------------- selection
 def stable_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Values and indices of the k largest entries of the last dim, sorted descending.
@@ -197,6 +218,9 @@ class Candidates:
     base: torch.Tensor  # [R, D, K] their base logits
     context: torch.Tensor | None  # [R, D, C] head.depth_context (None without a head)
     weights: torch.Tensor | None  # [R, D, K, W] the head's output rows of the candidates
+    # [R, D, K, K] a lattice's scores: row i scores the depth's candidates after the
+    # previous depth's candidate i (None: no lattice)
+    transitions: torch.Tensor | None = None
 
 
 def prepare_candidates(
@@ -215,15 +239,25 @@ def prepare_candidates(
     return Candidates(ids, base, head.depth_context(draft_hidden), head.candidate_weights(ids))
 
 
+def lattice_candidates(lattice: Lattice) -> Candidates:
+    """A lattice's candidates; ``base`` holds each depth's row 0 (unused: every parent is
+    scored by its own row)."""
+    return Candidates(lattice.ids, lattice.transitions[:, :, 0].float(), None, None,
+                      lattice.transitions)
+
+
 def candidate_logprobs(
     candidates: Candidates, depth: int, head: CorrectionHead | None, states: torch.Tensor | None,
-    graphs: CorrectionGraphs | None = None,
+    graphs: CorrectionGraphs | None = None, parent_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Log-probs of the K candidates of ``depth`` for each parent, normalised over the K.
 
-    Returns [R, N, K] for N parents with states [R, N, G], or [R, 1, K] (shared by all
-    parents) when the depth is uncorrected.
+    Returns [R, N, K] for N parents with states [R, N, G] (or, over a lattice, with
+    candidate slots [R, N] at the depth before: the root's is 0), or [R, 1, K] (shared by
+    all parents) when the depth is uncorrected.
     """
+    if candidates.transitions is not None:
+        return row_logprobs(candidates.transitions[:, depth - 1], parent_slots)
     base = candidates.base[:, depth - 1]
     if head is not None and head.corrects_depth(depth):
         corrected = head.corrected_logprobs if graphs is None else graphs.logprobs
@@ -292,12 +326,13 @@ def grow_supertree(
     states = head.root_state(root_tokens).unsqueeze(1) if with_states else None
     frontier_scores = torch.zeros(num_requests, 1, device=device)
     frontier_nodes = torch.zeros(num_requests, 1, dtype=torch.int64, device=device)
+    frontier_slots = torch.zeros_like(frontier_nodes)  # lattice rows: the root reads row 0
     tokens, parents, depths, scores = [], [], [], []
     next_node = 1
     for depth, quota in enumerate(quotas, start=1):
         if quota == 0:
             break
-        logprobs = candidate_logprobs(candidates, depth, head, states, graphs)
+        logprobs = candidate_logprobs(candidates, depth, head, states, graphs, frontier_slots)
         pair_scores = (frontier_scores.unsqueeze(-1) + logprobs).flatten(1)
         child_scores, pair = stable_topk(pair_scores, quota)
         parent_slot, cand_slot = pair // top_k, pair % top_k
@@ -310,7 +345,7 @@ def grow_supertree(
             state_index = parent_slot.unsqueeze(-1).expand(-1, -1, states.shape[-1])
             stepper = head if graphs is None else graphs
             states = stepper.advance(states.gather(1, state_index), child_tokens)
-        frontier_scores = child_scores
+        frontier_scores, frontier_slots = child_scores, cand_slot
         frontier_nodes = torch.arange(next_node, next_node + quota, device=device)
         frontier_nodes = frontier_nodes.expand(num_requests, quota)
         next_node += quota
@@ -468,19 +503,20 @@ def build_sequential(
 def _sequential_one(candidates, head, root_tokens, request, budget, depth_bonus):
     num_depths = candidates.ids.shape[1]
     with_states = needs_states(head, num_depths)
-    one = Candidates(
-        candidates.ids[request : request + 1],
-        candidates.base[request : request + 1],
-        None if candidates.context is None else candidates.context[request : request + 1],
-        None if candidates.weights is None else candidates.weights[request : request + 1],
-    )
+    def one_request(part: torch.Tensor | None) -> torch.Tensor | None:
+        return None if part is None else part[request : request + 1]
+
+    one = Candidates(*(one_request(part) for part in (
+        candidates.ids, candidates.base, candidates.context, candidates.weights,
+        candidates.transitions)))
     heap: list[tuple] = []
     counter = 0
 
-    def expand(node: int, depth: int, score: torch.Tensor, state) -> None:
+    def expand(node: int, depth: int, score: torch.Tensor, state, slot: int) -> None:
         nonlocal counter
         child_depth = depth + 1
-        logprobs = candidate_logprobs(one, child_depth, head, state)[0, 0]  # [K]
+        slots = torch.tensor([[slot]], device=one.ids.device)
+        logprobs = candidate_logprobs(one, child_depth, head, state, None, slots)[0, 0]  # [K]
         child_scores = score + logprobs  # float32, like the batched builders
         priorities = node_priority(child_scores, torch.full_like(logprobs, child_depth),
                                    depth_bonus)
@@ -491,7 +527,7 @@ def _sequential_one(candidates, head, root_tokens, request, budget, depth_bonus)
 
     root_state = head.root_state(root_tokens[request : request + 1]).unsqueeze(1) \
         if with_states else None
-    expand(0, 0, torch.zeros((), dtype=candidates.base.dtype), root_state)
+    expand(0, 0, torch.zeros((), dtype=candidates.base.dtype), root_state, 0)
     tokens, parents, depths, scores = [], [], [], []
     while len(tokens) < budget and heap:
         _, _, parent, depth, slot, score, parent_state = heapq.heappop(heap)
@@ -502,7 +538,8 @@ def _sequential_one(candidates, head, root_tokens, request, budget, depth_bonus)
         scores.append(score)
         if depth < num_depths:
             state = head.advance(parent_state, token.view(1, 1)) if with_states else None
-            expand(len(tokens), depth, torch.tensor(score, dtype=candidates.base.dtype), state)
+            expand(len(tokens), depth, torch.tensor(score, dtype=candidates.base.dtype), state,
+                   slot)
     count = len(tokens)
     valid = torch.zeros(budget, dtype=torch.bool)
     valid[:count] = True

@@ -26,11 +26,15 @@ from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.attention.backends.utils import PAD_SLOT_ID
 from vllm.v1.worker.gpu.model_states import resolve_model_state_cls
 from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
+from vllm.v1.worker.gpu.spec_decode.dflash2.speculator import DFlash2Speculator
+from vllm.v1.worker.gpu.spec_decode.lilicorr.speculator import LiLiCorrSpeculator
 
-from vllm_dartree.config import DARTreeConfigError
+from vllm_dartree.checkpoint import DFLASH2, LILICORR
+from vllm_dartree.config import LAYOUT_ATTR, DARTreeConfigError
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
 from vllm_dartree.integration.tensor_parallel import same_on_every_rank
 from vllm_dartree.integration.v2.draft_counts import COUNTS_ATTR
+from vllm_dartree.integration.v2.lattice import LatticeDrafting
 from vllm_dartree.integration.v2.model_state import STEP_ATTR, on_top_of
 from vllm_dartree.step.drafting import TreeDrafting, dartree_settings
 from vllm_dartree.step.kv_mover import KvMover
@@ -43,6 +47,15 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
     """DFlash/Domino/DSpark drafter + DARTree (or chain/fixed/DDTree) trees, on V2."""
 
     _speculator_name = "DARTree"
+
+    def __new__(cls, vllm_config, *args: Any, **kwargs: Any) -> DARTreeSpeculator:
+        """vLLM names one speculator class for the method; a lattice drafter (DFlash2,
+        LiLiCorr) gets this class built on vLLM's own speculator for it (``v2.lattice``)."""
+        if cls is DARTreeSpeculator:
+            layout = getattr(vllm_config.speculative_config, LAYOUT_ATTR, None)
+            if layout is not None and layout.has_lattice:
+                cls = SPECULATOR_OF_LATTICE[layout.lattice]
+        return super().__new__(cls)
 
     def __init__(self, vllm_config, device: torch.device) -> None:
         require_validated_settings(vllm_config)  # before vLLM loads any weight
@@ -153,6 +166,18 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
         manager = self.query_cudagraph_manager
         return manager is None or getattr(manager, "cudagraph_mode", None) in (
             None, CUDAGraphMode.NONE)
+
+
+class DARTreeDFlash2Speculator(LatticeDrafting, DARTreeSpeculator, DFlash2Speculator):
+    """Trees over a DFlash2 drafter's selector lattice."""
+
+
+class DARTreeLiLiCorrSpeculator(LatticeDrafting, DARTreeSpeculator, LiLiCorrSpeculator):
+    """Trees over a LiLiCorr drafter's correlator lattice."""
+
+
+SPECULATOR_OF_LATTICE: dict[str, type[DARTreeSpeculator]] = {
+    DFLASH2: DARTreeDFlash2Speculator, LILICORR: DARTreeLiLiCorrSpeculator}
 
 
 def install_model_state(vllm_config, target_model: torch.nn.Module, step: TreeStep) -> None:

@@ -1,0 +1,176 @@
+"""`method: "dartree"` over vLLM's lattice drafters, DFlash2 and LiLiCorr, on vLLM's V2 runner
+(the CUDA-path lane: vLLM's TRITON_ATTN, the plugin's Triton tree attention and KV mover,
+all in Triton's interpreter; float32).
+
+- Every variant over each lattice equals target-only decoding (greedy and seeded T > 0).
+- The dartree chain drafts what vLLM's own speculator for the checkpoint drafts (its greedy
+  selector walk): the same draft tokens at every step, for every request.
+- TP=2: one variant per family.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import v1_target_only
+
+from vllm_dartree.harness.engine import drafter_of, generate_ids, spec_decode_counters
+from vllm_dartree.models.tiny import random_prompts
+
+LANE = {"attention_backend": "TRITON_ATTN", "max_num_seqs": 8, "max_num_batched_tokens": 1024}
+TP2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
+MAX_TOKENS = 24
+DEPTHS = 7  # vLLM's own speculator runs N = 7 < the drafters' block (LiLiCorr requires it)
+FAMILIES = ["dflash2", "lilicorr"]
+
+
+def greedy():
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+def seeded(count: int):
+    """T > 0 with a seed per request: V2 draws each token from (seed, position), so the
+    output is exactly the seeded target-only output."""
+    from vllm import SamplingParams
+
+    return [SamplingParams(temperature=0.8, seed=200 + i, max_tokens=MAX_TOKENS,
+                           ignore_eos=True) for i in range(count)]
+
+
+def dartree(drafter, **settings):
+    return {"method": "dartree", "model": str(drafter), **settings}
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def lattice_pair(request):
+    """(family, target dir, drafter dir) of a lattice drafter for its target."""
+    return (request.param, *request.getfixturevalue(f"lattice_{request.param}"))
+
+
+@pytest.fixture(scope="module")
+def prompts(lattice_pair):
+    _, target, _ = lattice_pair
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    return random_prompts(6, vocab, seed=17, min_len=3, max_len=24)
+
+
+@pytest.fixture(scope="module")
+def reference(engines, lattice_pair, prompts):
+    """Target-only output on the lane, greedy (equal to V1's) and seeded."""
+    _, target, _ = lattice_pair
+    llm = engines.get(model=str(target), **LANE)
+    expected = generate_ids(llm, prompts, greedy())
+    cpu = {k: v for k, v in LANE.items() if k != "attention_backend"}
+    assert expected == v1_target_only(str(target), prompts, MAX_TOKENS, cpu)
+    return expected, generate_ids(llm, prompts, seeded(len(prompts)))
+
+
+def engine_config(target, speculative: dict):
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_dartree.plugin import register
+
+    register()  # the gate, as vLLM's plugin loader installs it
+    return EngineArgs(model=str(target), skip_tokenizer_init=True, dtype="float32",
+                      speculative_config=speculative).create_engine_config()
+
+
+@pytest.mark.parametrize("family, key", [("dflash2", "selector_top_k"),
+                                         ("lilicorr", "lilicorr_candidate_topk")])
+def test_a_lattice_drafter_corrects_with_its_own_k(request, family, key):
+    """The lattice is the drafter's correction; K is the checkpoint's (refused otherwise,
+    before any weight loads)."""
+    from vllm_dartree.config import LAYOUT_ATTR, DARTreeConfigError
+
+    target, drafter = request.getfixturevalue(f"lattice_{family}")
+    top_k = json.loads((drafter / "config.json").read_text())["dflash_config"][key]
+    config = engine_config(target, dartree(drafter, correction=True, top_k=top_k))
+    layout = getattr(config.speculative_config, LAYOUT_ATTR)
+    assert (layout.lattice, layout.lattice_top_k) == (family, top_k)
+    with pytest.raises(DARTreeConfigError, match=rf"'top_k' = {top_k + 1} does not apply.*a "
+                                                 rf"{family} drafter scores its own {top_k} "
+                                                 "candidates"):
+        engine_config(target, dartree(drafter, top_k=top_k + 1))
+
+
+class DraftRecorder:
+    """The draft tokens a speculator's ``propose`` returns, step by step (in-process)."""
+
+    def __init__(self, llm, monkeypatch) -> None:
+        self.steps: list[torch.Tensor] = []
+        speculator = drafter_of(llm)
+        propose = speculator.propose
+
+        def recording(*args, **kwargs):
+            drafts = propose(*args, **kwargs)
+            if not kwargs.get("dummy_run", False):
+                self.steps.append(drafts.clone())
+            return drafts
+
+        monkeypatch.setattr(speculator, "propose", recording)
+
+
+@pytest.mark.e2e
+def test_the_dartree_chain_drafts_vllms_selector_walk(engines, lattice_pair, prompts,
+                                                       reference, monkeypatch):
+    """vLLM's own speculator for the checkpoint (DFlash2Speculator / LiLiCorrSpeculator,
+    method "dflash") against dartree's chain over the same lattice at the same depths: the
+    same drafts at every step, the same accepted counts per position, the same output."""
+    family, target, drafter = lattice_pair
+    stock = engines.get(model=str(target), **LANE, speculative_config={
+        "method": "dflash", "model": str(drafter), "num_speculative_tokens": DEPTHS})
+    assert type(drafter_of(stock)).__name__ == {"dflash2": "DFlash2Speculator",
+                                                 "lilicorr": "LiLiCorrSpeculator"}[family]
+    walk = DraftRecorder(stock, monkeypatch)
+    assert generate_ids(stock, prompts, greedy()) == reference[0]
+    walk_counts = spec_decode_counters(stock)
+
+    ours = engines.get(model=str(target), **LANE, speculative_config=dartree(
+        drafter, tree="chain", num_speculative_tokens=DEPTHS))
+    assert type(drafter_of(ours)).__name__ == {"dflash2": "DARTreeDFlash2Speculator",
+                                               "lilicorr": "DARTreeLiLiCorrSpeculator"}[family]
+    chain = DraftRecorder(ours, monkeypatch)
+    assert generate_ids(ours, prompts, greedy()) == reference[0]
+    assert len(chain.steps) == len(walk.steps) > 0
+    for step, (mine, theirs) in enumerate(zip(chain.steps, walk.steps)):
+        assert torch.equal(mine[:, :DEPTHS], theirs[:, :DEPTHS]), step
+    counts = spec_decode_counters(ours)
+    for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                "num_accepted_tokens_per_pos"):
+        assert counts[key] == walk_counts[key], key
+
+
+VARIANTS = [
+    ("pruned", {"num_speculative_tokens": 16, "width": 4}),
+    ("fixed", {"tree": "fixed", "num_speculative_tokens": 16}),
+    ("ddtree", {"tree": "ddtree", "num_speculative_tokens": 16}),
+    ("chain-without-lattice", {"tree": "chain", "correction": False,
+                               "num_speculative_tokens": 15}),
+    ("adaptive", {"num_speculative_tokens": 16, "budget_policy": "adaptive"}),
+]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("name", "settings"), VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_every_variant_over_a_lattice_matches_target_only(engines, lattice_pair, prompts,
+                                                          reference, name, settings):
+    _, target, drafter = lattice_pair
+    llm = engines.get(model=str(target), **LANE, speculative_config=dartree(drafter,
+                                                                              **settings))
+    assert generate_ids(llm, prompts, greedy()) == reference[0]
+    if name == "pruned":
+        assert generate_ids(llm, prompts, seeded(len(prompts))) == reference[1]
+    counters = spec_decode_counters(llm)
+    print(f"{name}: tau = {1 + counters['num_accepted_tokens'] / counters['num_drafts']:.2f}")
+
+
+@pytest.mark.e2e
+def test_a_lattice_tree_at_tp2(engines, lattice_pair, prompts, reference, one_core_per_rank):
+    _, target, drafter = lattice_pair
+    llm = engines.get(model=str(target), **LANE, **TP2, speculative_config=dartree(
+        drafter, num_speculative_tokens=16, width=4))
+    assert generate_ids(llm, prompts, greedy()) == reference[0]
