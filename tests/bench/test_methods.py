@@ -11,6 +11,8 @@ import pytest
 from vllm_dartree.bench.methods import (
     DEFAULT_METHODS,
     DSPARK_METHODS,
+    LATTICE_METHODS,
+    LATTICE_SAME_TREE_AS,
     SAME_TREE_AS,
     TreeParams,
     speculative_config,
@@ -196,3 +198,19 @@ def test_a_serving_only_report_leaves_the_in_process_losslessness_line_out():
 
     assert _lossless_lines({"runs": [], "mismatches": None}) == []
     assert "not checked" in _lossless_lines({"runs": [{}], "mismatches": None})[0]
+
+
+@pytest.mark.parametrize("method", sorted(LATTICE_SAME_TREE_AS))
+def test_a_lattice_method_is_the_same_tree_on_the_lattice_drafter(method, tiny_dflash2):
+    spec = speculative_config(method, tiny_dflash2, PARAMS)
+    assert spec == speculative_config(LATTICE_SAME_TREE_AS[method], tiny_dflash2, PARAMS)
+    assert spec["method"] == "dartree" and "top_k" not in spec  # K is the lattice's own
+
+
+def test_the_lattice_method_is_vllms_own_speculator(tiny_lilicorr, tiny_domino):
+    spec = speculative_config("lattice", tiny_lilicorr, PARAMS)
+    assert spec == {"method": "dflash", "model": str(tiny_lilicorr),
+                    "num_speculative_tokens": 15}  # b16 in z-lab's layout
+    for method in LATTICE_METHODS:
+        with pytest.raises(ValueError, match="needs a lattice drafter"):
+            speculative_config(method, tiny_domino, PARAMS)

@@ -12,6 +12,12 @@ dspark-fixed       DARTree (fixed) over the DSpark drafter's Markov head
 dspark-pruned      DARTree (pruned) over the DSpark drafter's Markov head
 dartree-adaptive   DARTree (pruned) of B nodes per request at most, verified as far as the
                    adaptive budget finds it pays (``budget_policy: adaptive``)
+lattice            vLLM's own speculator for a DFlash2/LiLiCorr drafter: its greedy walk
+                   through the drafter's candidate lattice (vLLM's method "dflash")
+lattice-chain      dartree's chain over the same lattice (the same drafts as ``lattice``)
+lattice-ddtree     DDTree over the lattice drafter's candidate logits
+lattice-fixed      DARTree (fixed) over the lattice
+lattice-pruned     DARTree (pruned) over the lattice
 =================  ==============================================================
 
 A tree method may carry its own B and W after a colon, e.g. ``dartree-pruned:b64w12`` or
@@ -21,7 +27,9 @@ A tree method may carry its own B and W after a colon, e.g. ``dartree-pruned:b64
 
 Chains verify one node per drafter depth (the block, not B), as DFlash/Domino do. The
 ``dspark*`` methods run the DSpark-format drafter (``BenchConfig.dspark_drafter``); the others
-the DFlash/Domino one. Runs without a method list take the first six (``DEFAULT_METHODS``).
+the DFlash/Domino one. The ``lattice*`` methods need a lattice drafter (DFlash2, LiLiCorr) as
+``--drafter`` and vLLM's V2 runner (``--runner v2``: vLLM runs these drafters nowhere else);
+K is the checkpoint's. Runs without a method list take the first six (``DEFAULT_METHODS``).
 """
 
 from __future__ import annotations
@@ -40,14 +48,25 @@ DEFAULT_METHODS: tuple[str, ...] = ("ar", "dflash", "ddtree", "domino", "dartree
 SAME_TREE_AS = {"dspark": "domino", "dspark-fixed": "dartree-fixed",
                 "dspark-pruned": "dartree-pruned"}
 DSPARK_METHODS: tuple[str, ...] = tuple(SAME_TREE_AS)
-METHODS: tuple[str, ...] = DEFAULT_METHODS + DSPARK_METHODS + ("dartree-adaptive",)
+# Each lattice method but vLLM's own is the Domino-drafter method of the same tree, run on a
+# lattice drafter (whose lattice is its correction).
+LATTICE_SAME_TREE_AS = {"lattice-chain": "domino", "lattice-ddtree": "ddtree",
+                        "lattice-fixed": "dartree-fixed", "lattice-pruned": "dartree-pruned"}
+LATTICE_METHODS: tuple[str, ...] = ("lattice", *LATTICE_SAME_TREE_AS)
+METHODS: tuple[str, ...] = (DEFAULT_METHODS + DSPARK_METHODS + ("dartree-adaptive",)
+                            + LATTICE_METHODS)
 ALIASES = {"fixed": "dartree-fixed", "pruned": "dartree-pruned", "dartree": "dartree-pruned",
            "baseline": "ar", "adaptive": "dartree-adaptive"}
 LABELS = {"ar": "AR", "dflash": "DFlash", "ddtree": "DDTree", "domino": "Domino",
           "dartree-fixed": "DARTree (fixed)", "dartree-pruned": "DARTree (pruned)",
           "dspark": "DSpark", "dspark-fixed": "DSpark + DARTree (fixed)",
-          "dspark-pruned": "DSpark + DARTree (pruned)", "dartree-adaptive": "DARTree (adaptive)"}
+          "dspark-pruned": "DSpark + DARTree (pruned)", "dartree-adaptive": "DARTree (adaptive)",
+          "lattice": "vLLM lattice walk", "lattice-chain": "Lattice chain (dartree)",
+          "lattice-ddtree": "Lattice + DDTree", "lattice-fixed": "Lattice + DARTree (fixed)",
+          "lattice-pruned": "Lattice + DARTree (pruned)"}
 TREE_METHODS = ("ddtree", "dartree-fixed", "dartree-pruned")
+SIZED_METHODS = ("ddtree", "dartree-fixed", "dartree-pruned", "dartree-adaptive", "dspark-fixed",
+                 "dspark-pruned", "lattice-ddtree", "lattice-fixed", "lattice-pruned")
 SIZED = re.compile(r"^(?:b(?P<budget>\d+))?(?:w(?P<width>\d+|auto))?$")
 
 
@@ -86,8 +105,7 @@ def canonical(name: str) -> str:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
     if size:
         sized = SIZED.match(size)
-        if base not in ("ddtree", "dartree-fixed", "dartree-pruned", "dartree-adaptive",
-                        "dspark-fixed", "dspark-pruned") or not sized:
+        if base not in SIZED_METHODS or not sized:
             raise ValueError(f"method {name!r}: a size suffix is 'bB', 'wW' or 'bBwW' (e.g. "
                              f"'dartree-pruned:b64w12') on a tree method")
         if sized["width"] == "auto" and base != "dartree-adaptive":
@@ -136,6 +154,15 @@ def check_dspark_drafter(method: str, drafter: str | Path) -> None:
                          "Pass one with --dspark-drafter")
 
 
+def check_lattice_drafter(method: str, drafter: str | Path) -> DrafterLayout:
+    """Refuse a drafter without a candidate lattice for a ``lattice*`` method."""
+    layout = DrafterLayout.from_dir(drafter)
+    if not layout.has_lattice:
+        raise ValueError(f"method {method!r} needs a lattice drafter (a DFlash2DraftModel or "
+                         f"LiLiCorrDraftModel checkpoint); {drafter} has none")
+    return layout
+
+
 def drafter_depths(drafter: str | Path) -> int:
     """Depths one drafter forward predicts: the block (shift layout) or block - 1."""
     return DrafterLayout.from_dir(drafter).num_depths
@@ -153,6 +180,21 @@ def speculative_config(method: str, drafter: str | Path | None, params: TreePara
     if method in SAME_TREE_AS:
         check_dspark_drafter(method, drafter)
         method = SAME_TREE_AS[method]
+    if method == "lattice":  # vLLM's own speculator: one walk over the block's depths
+        check_lattice_drafter(method, drafter)
+        return {"method": "dflash", "model": str(drafter),
+                "num_speculative_tokens": depths or drafter_depths(drafter)}
+    if method in LATTICE_SAME_TREE_AS:
+        check_lattice_drafter(method, drafter)
+        method = LATTICE_SAME_TREE_AS[method]
+    spec = _dartree_config(method, drafter, params, depths)
+    if DrafterLayout.from_dir(drafter).has_lattice:
+        spec.pop("top_k", None)  # K is the lattice's own
+    return spec
+
+
+def _dartree_config(method: str, drafter: str | Path, params: TreeParams,
+                    depths: int | None) -> dict[str, Any]:
     base: dict[str, Any] = {"method": "dartree", "model": str(drafter)}
     if method in ("dflash", "domino"):
         chain = depths or drafter_depths(drafter)
