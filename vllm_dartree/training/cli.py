@@ -6,6 +6,7 @@ token prompts)::
 
     vllm-dartree train-drafter --target DIR --out runs/d1 --steps 400 --target-layer-ids 0 1
     vllm-dartree train-drafter --target DIR --out runs/d2 --head markov --block-size 8
+    vllm-dartree train-drafter --target DIR --out runs/d3 --head none --block-size 9
 
 ``--prompts FILE`` takes JSON lines (a string, or an object with ``prompt``/``text`` for text
 or ``ids``/``prompt_token_ids`` for token ids) or plain text, one prompt per line; text goes
@@ -20,7 +21,7 @@ import json
 from pathlib import Path
 
 from vllm_dartree.training.model import TRAINABLE_HEADS
-from vllm_dartree.training.train import DTYPES, TrainConfig
+from vllm_dartree.training.train import DTYPES, NO_HEAD, TrainConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,8 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--layers", type=int, default=1, help="drafter decoder layers")
-    p.add_argument("--head", choices=TRAINABLE_HEADS, default=TrainConfig.head,
-                   help="correction head: Domino's GRU head or DSpark's Markov head")
+    p.add_argument("--head", choices=[*TRAINABLE_HEADS, NO_HEAD], default=TrainConfig.head,
+                   help="correction head: Domino's GRU head or DSpark's Markov head; none: a "
+                        "head-less backbone in z-lab's non-shift layout (vLLM's DFlash)")
     p.add_argument("--gru-hidden-dim", type=int, default=64, help="Domino head")
     p.add_argument("--emb-dim", type=int, default=32, help="Domino head")
     p.add_argument("--markov-rank", type=int, default=TrainConfig.markov_rank,

@@ -7,6 +7,7 @@ Loss (reference: :func:`drafter_loss`, which takes the materialised logits):
 with ``h`` the drafter's final hidden states, ``W`` the target's frozen lm_head and the head
 bias ``u P^T``: Domino's projection input (``embed_proj.1`` output) and ``embed_proj.2.weight``,
 or DSpark's Markov embedding of the previous token (``markov_w1[x]``) and ``markov_w2``.
+A head-less drafter (z-lab layout) passes a [V, 0] ``P``: the loss is then CE(h W^T, y).
 
 Why fused: two [rows, 49k] logit tensors per step are hundreds of MB, and on a CPU the
 softmax, its backward, the dtype copies and the zero-fills over them cost more than the
@@ -81,6 +82,15 @@ class _FusedBlockCE(torch.autograd.Function):
             y = labels[rows].clamp(min=0)  # ignored rows have zero coefficients
             w = weights[rows]
             base = (h @ lm_head.T).float()
+            if proj.shape[-1] == 0:  # no head (z-lab layout): corrected == base
+                hits[rows] = base.argmax(-1) == labels[rows]
+                sums[2] += hits[rows].float().sum()
+                ce = (w * _ce_and_grad(base, y)).sum()
+                sums[0] += ce
+                sums[1] += ce
+                d_hidden[rows] = base.mul_(w.unsqueeze(1)).to(mm) @ lm_head
+                d_head[rows] = 0
+                continue
             corr = base + (u @ proj_mm.T).float()
             hits[rows] = corr.argmax(-1) == labels[rows]
             sums[2] += hits[rows].float().sum()

@@ -12,6 +12,10 @@ Ground truth is vLLM's ``qwen3_dflash.py`` (``DFlashQwen3Model``) plus our
 - the block ``[x_p, mask x (bs-1)]`` at positions ``p .. p+bs-1`` is embedded with the
   target's table; attention is non-causal over ``[context < p ; whole block]``;
 - pre-norm Qwen3 layers, final ``norm``, logits with the target's ``lm_head``;
+- z-lab's non-shift layout (no correction head: ``head`` None, ``shift_label`` False, what
+  vLLM's DFlash, DFlash2 and LiLiCorr speculators run): slot 0 (the root) predicts nothing,
+  slot j >= 1 predicts ``x_{p+j}`` (vLLM's ``sample_indices`` are the block's slots 1..N,
+  each sampled at its own position);
 - shift layout: slot j predicts ``x_{p+j+1}``; for j >= ``pure_draft_prefix_len`` the Domino
   head adds ``SiLU(proj0 . [z_j ; s_j]) . proj2^T`` with ``s_j`` the GRU state after the
   target embeddings of ``x_p .. x_{p+j}`` (teacher forcing; nn.GRU, no bias, zero state);
@@ -45,10 +49,13 @@ TRAINABLE_HEADS = (DOMINO, MARKOV)
 
 
 def check_trainable(arch: DrafterLayout) -> None:
-    if not (arch.head in TRAINABLE_HEADS and arch.shift_label):
+    headed = arch.head in TRAINABLE_HEADS and arch.shift_label
+    zlab = arch.head is None and not arch.shift_label and not arch.has_lattice
+    if not (headed or zlab):
         raise ValueError("the trainer builds drafters with a Domino or Markov (DSpark) "
-                         f"correction head in the shift layout; got head={arch.head!r}, "
-                         f"shift_label={arch.shift_label}")
+                         "correction head in the shift layout, or head-less z-lab DFlash "
+                         f"backbones in the non-shift layout; got head={arch.head!r}, "
+                         f"shift_label={arch.shift_label}, lattice={arch.lattice!r}")
     if arch.has_reduced_vocab:
         raise ValueError("the trainer shares the target's lm_head: a reduced draft vocabulary "
                          f"(draft_vocab_size = {arch.draft_vocab_size}) is not trainable")
@@ -163,11 +170,13 @@ class DraftLayer(nn.Module):
 # ------------------------------------------------------------------------------ outputs
 @dataclass
 class DrafterOutput:
-    """Per anchor a and slot j (slot j predicts x_{p_a + j + 1})."""
+    """Per anchor a and slot j (slot j predicts x_{p_a + j + 1}; x_{p_a + j} in the non-shift
+    layout, where slot 0 predicts nothing)."""
 
     hidden: torch.Tensor  # [N, A, bs, H] after the final norm (z_j)
     base_logits: torch.Tensor  # [N, A, bs, V]
-    corrected_logits: torch.Tensor | None  # [N, A, bs, V] base + head bias (teacher forced)
+    # [N, A, bs, V] base + head bias (teacher forced); None without a head
+    corrected_logits: torch.Tensor | None
     confidence_logits: torch.Tensor | None = None  # [N, A, bs] (DSpark's confidence head)
 
 
@@ -183,8 +192,9 @@ class MarkovModules(nn.Module):
 
 
 class BlockDrafter(nn.Module):
-    """DFlash backbone + a correction head (Domino or Markov); the target's embedding and
-    lm_head are frozen buffers."""
+    """DFlash backbone + a correction head (Domino or Markov), or the bare backbone in z-lab's
+    non-shift layout (``arch.head`` None); the target's embedding and lm_head are frozen
+    buffers."""
 
     def __init__(self, arch: DrafterLayout, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
         super().__init__()
@@ -207,7 +217,7 @@ class BlockDrafter(nn.Module):
                 nn.SiLU(),
                 nn.Linear(arch.emb_dim, arch.vocab_size, bias=False),
             )
-        else:
+        elif arch.head == MARKOV:
             self.markov_head = MarkovModules(arch)
             if arch.confidence_head:
                 inputs = hidden + (arch.markov_rank if arch.confidence_head_with_markov else 0)
@@ -237,6 +247,8 @@ class BlockDrafter(nn.Module):
             param.copy_(torch.randn(param.shape, generator=generator) * std)
 
     def head_parameters(self) -> list[nn.Parameter]:
+        if self.arch.head is None:
+            return []
         if self.arch.head == DOMINO:
             return [*self.prefix_gru.parameters(), *self.embed_proj.parameters()]
         return [p for name, p in self.named_parameters()
@@ -249,7 +261,10 @@ class BlockDrafter(nn.Module):
 
     @property
     def head_output_weight(self) -> torch.Tensor:
-        """P of the head bias u . P^T: [V, E] (Domino) or [V, r] (Markov)."""
+        """P of the head bias u . P^T: [V, E] (Domino) or [V, r] (Markov); [V, 0] without a
+        head (the fused loss then computes the base CE only)."""
+        if self.arch.head is None:
+            return self.lm_head.new_zeros(self.arch.vocab_size, 0)
         if self.arch.head == DOMINO:
             return self.embed_proj[2].weight
         return self.markov_head.markov_w2.weight
@@ -342,7 +357,10 @@ class BlockDrafter(nn.Module):
     def head_input(self, hidden: torch.Tensor, tokens: torch.Tensor,
                    anchors: torch.Tensor) -> torch.Tensor:
         """u of the head bias u . P^T (see :attr:`head_output_weight`): [N, A, bs, E] for
-        Domino, [N, A, bs, r] for Markov (scaled by logit_scale)."""
+        Domino, [N, A, bs, r] for Markov (scaled by logit_scale), [N, A, bs, 0] without a
+        head."""
+        if self.arch.head is None:
+            return hidden.new_zeros(*hidden.shape[:-1], 0)
         if self.arch.head == DOMINO:
             return self.domino_head_input(hidden, self.prefix_states(tokens, anchors))
         return self.arch.logit_scale * self.markov_embedding(tokens, anchors)
@@ -387,7 +405,7 @@ class BlockDrafter(nn.Module):
         hidden = self.backbone(features, tokens, anchors)
         base = hidden @ self.output_table(hidden.device.type).T
         corrected = None
-        if with_head:
+        if with_head and self.arch.head is not None:
             corrected = base + self.head_bias(hidden, tokens, anchors)
         return DrafterOutput(hidden, base, corrected,
                              self.confidence_logits(hidden, tokens, anchors))
@@ -397,11 +415,15 @@ DominoDrafter = BlockDrafter  # its name before it took the Markov head too
 
 
 def block_labels(
-    tokens: torch.Tensor, anchors: torch.Tensor, lengths: torch.Tensor, block_size: int
+    tokens: torch.Tensor, anchors: torch.Tensor, lengths: torch.Tensor, block_size: int,
+    shift: bool = True,
 ) -> torch.Tensor:
-    """[N, A, bs] labels x_{p+j+1}, IGNORE_INDEX past each sequence's length."""
+    """[N, A, bs] labels x_{p+j+1} (shift layout) or x_{p+j} with slot 0 ignored (z-lab's
+    non-shift layout), IGNORE_INDEX past each sequence's length."""
     n, num_anchors = anchors.shape
-    index = anchors.unsqueeze(-1) + 1 + torch.arange(block_size, device=tokens.device)
+    index = anchors.unsqueeze(-1) + int(shift) + torch.arange(block_size, device=tokens.device)
     inside = index < lengths.view(n, 1, 1)
+    if not shift:
+        inside = inside & (torch.arange(block_size, device=tokens.device) > 0)
     labels = tokens.gather(1, index.clamp(max=tokens.shape[1] - 1).view(n, -1))
     return torch.where(inside, labels.view(n, num_anchors, block_size), IGNORE_INDEX)

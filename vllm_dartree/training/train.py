@@ -1,5 +1,7 @@
 """Train a DFlash drafter with a Domino or DSpark Markov head on the target's own
-continuations; export it for vLLM.
+continuations; export it for vLLM. ``head="none"`` trains a head-less backbone in z-lab's
+non-shift layout instead (slot j >= 1 predicts x_{p+j}; loss CE(base)), the backbone of
+vLLM's DFlash, DFlash2 and LiLiCorr drafters (see :mod:`vllm_dartree.training.lattice`).
 
 Loss per the Domino recipe: ``(1 - lam) * CE(corrected) + lam * CE(base)`` with ``lam``
 decaying linearly from ``lambda0`` to 0 over the run; AdamW, warmup then cosine (or linear)
@@ -53,6 +55,7 @@ from vllm_dartree.training.model import (
 CHECKPOINT = "checkpoint.pt"
 DATA = "data.pt"
 EXPORT = "drafter"
+NO_HEAD = "none"  # TrainConfig.head of a head-less z-lab (non-shift layout) backbone
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -63,7 +66,7 @@ class TrainConfig:
     steps: int = 1000
     block_size: int = 16
     layers: int = 1
-    head: str = DOMINO  # or MARKOV (DSpark)
+    head: str = DOMINO  # or MARKOV (DSpark), or NO_HEAD (z-lab's non-shift layout)
     gru_hidden_dim: int = 64  # Domino
     emb_dim: int = 32  # Domino
     markov_rank: int = 64  # Markov: r of markov_w1 [V, r] / markov_w2 [V, r]
@@ -130,7 +133,9 @@ NEW_DRAFTER_PURE_PREFIX = 1
 
 
 def head_fields(cfg: TrainConfig) -> dict:
-    """The layout fields of the new drafter's correction head."""
+    """The layout fields of the new drafter's correction head ({"head": None}: none)."""
+    if cfg.head == NO_HEAD:
+        return {"head": None}
     if cfg.head == DOMINO:
         return {"head": DOMINO, "gru_hidden_dim": cfg.gru_hidden_dim, "emb_dim": cfg.emb_dim,
                 "pure_draft_prefix_len": NEW_DRAFTER_PURE_PREFIX}
@@ -140,7 +145,7 @@ def head_fields(cfg: TrainConfig) -> dict:
         return {"head": MARKOV, "markov_rank": cfg.markov_rank,
                 "confidence_head": cfg.confidence_head,
                 "confidence_head_with_markov": cfg.confidence_head}
-    raise ValueError(f"head={cfg.head!r}: allowed {list(TRAINABLE_HEADS)}")
+    raise ValueError(f"head={cfg.head!r}: allowed {[*TRAINABLE_HEADS, NO_HEAD]}")
 
 
 def arch_for_target(cfg: TrainConfig, config: dict) -> DrafterLayout:
@@ -163,7 +168,7 @@ def arch_for_target(cfg: TrainConfig, config: dict) -> DrafterLayout:
         mask_token_id=(config["vocab_size"] - 1 if cfg.mask_token_id is None
                        else cfg.mask_token_id),
         block_size=cfg.block_size,
-        shift_label=True,
+        shift_label=cfg.head != NO_HEAD,
         rms_norm_eps=config.get("rms_norm_eps", DrafterLayout.rms_norm_eps),
         rope_theta=float(config.get("rope_theta", rope.get("rope_theta", 10000.0))),
         max_position_embeddings=config.get("max_position_embeddings", 2048),
@@ -195,13 +200,11 @@ def load_drafter(drafter_dir: str | Path, embed: torch.Tensor, lm_head: torch.Te
                  new_head: dict | None = None) -> BlockDrafter:
     """A drafter from a checkpoint. A z-lab DFlash one (no head) gets a fresh head with the
     layout fields ``new_head`` (see :func:`head_fields`) and is retrained to the shift
-    layout."""
+    layout; without ``new_head`` (or with ``{"head": None}``) it loads as it is, a head-less
+    non-shift backbone."""
     drafter_dir = Path(drafter_dir)
     layout = DrafterLayout.from_dir(drafter_dir)
-    if not layout.has_head:
-        if new_head is None:
-            raise ValueError(f"{drafter_dir} has no correction head: give the new head's "
-                             "layout fields")
+    if not layout.has_head and (new_head or {}).get("head") is not None:
         layout = replace(layout, shift_label=True, **new_head)
     model = BlockDrafter(layout, embed, lm_head)
     model.reset_parameters(generator or torch.Generator().manual_seed(0))
@@ -314,7 +317,8 @@ class Batches:
             features = target_features(self.target, tokens, self.arch.target_layer_ids, lengths)
         anchors = sample_anchors(self.prompt_lens[rows], lengths,
                                  self.cfg.anchors_per_sequence, gen)
-        labels = block_labels(tokens, anchors, lengths, self.arch.block_size)
+        labels = block_labels(tokens, anchors, lengths, self.arch.block_size,
+                              shift=self.arch.shift_label)
         return features, tokens, anchors, labels
 
 
@@ -375,7 +379,7 @@ def build_model(cfg: TrainConfig, target) -> BlockDrafter:
     gen = torch.Generator().manual_seed(cfg.seed)
     if cfg.init_from:
         shift = DrafterLayout.from_dir(cfg.init_from).shift_label
-        if cfg.freeze_backbone and not shift:
+        if cfg.freeze_backbone and not shift and cfg.head != NO_HEAD:
             # A z-lab backbone predicts its own slot, not the next one: it needs retraining.
             raise ValueError(f"--freeze-backbone needs a shift-layout (Domino) drafter; "
                              f"{cfg.init_from} has dflash_config.shift_label = {shift}")
@@ -385,6 +389,8 @@ def build_model(cfg: TrainConfig, target) -> BlockDrafter:
         model = BlockDrafter(arch_for_target(cfg, target_config(cfg.target)), embed, lm_head)
         model.reset_parameters(gen)
     if cfg.freeze_backbone:
+        if model.arch.head is None:
+            raise ValueError("--freeze-backbone with --head none leaves nothing to train")
         model.requires_grad_(False)
         for param in model.head_parameters():
             param.requires_grad_(True)
