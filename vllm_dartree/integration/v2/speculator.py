@@ -158,7 +158,12 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
 def install_model_state(vllm_config, target_model: torch.nn.Module, step: TreeStep) -> None:
     """vLLM builds the target's model state right after the speculator loads
     (``resolve_model_state_cls`` honours a model's ``get_model_state_cls``): ours, sharing
-    this engine's step, over the one vLLM would have chosen, asked first."""
+    this engine's step, over the one vLLM would have chosen, asked first.
+
+    Not a declared patch (``activation.declared_patches``), by design: this sets vLLM's
+    per-model hook on this engine's own target model instance. No vLLM module or class
+    changes, another engine of the process keeps its own model, and the hook goes with
+    the model, so there is nothing process-wide to revert."""
     stock = resolve_model_state_cls(vllm_config, target_model)
     setattr(target_model, STEP_ATTR, step)
     state_cls = on_top_of(stock)
