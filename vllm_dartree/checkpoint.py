@@ -319,12 +319,13 @@ class DrafterLayout:
 
 # ------------------------------------------------------------------------- per format
 def _refuse_unknown_architecture(architectures, known_special: bool) -> None:
-    """A DFlash-family name this reader does not know (DFlash2's beam or NoPE variants, a
-    future head) is refused by name rather than read as plain DFlash."""
+    """A DFlash2, LiLiCorr or DSpark architecture this reader does not know (DFlash2's beam
+    or NoPE variants, another family's DSpark) is refused by name rather than read as
+    plain DFlash."""
     if known_special:
         return
-    unknown = [a for a in architectures if a != ARCHITECTURE and not a.startswith("DFlashQwen3")
-               and ("DFlash" in a or "LiLiCorr" in a or "DSpark" in a)]
+    unknown = [a for a in architectures
+               if any(family in a for family in ("DFlash2", "LiLiCorr", "DSpark"))]
     if unknown:
         raise DrafterConfigError(
             f"drafter config architectures = {list(architectures)} names {unknown[0]!r}, "

@@ -20,7 +20,7 @@ a correction head) are checked again when the drafter's config is read.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -30,6 +30,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+if TYPE_CHECKING:
+    from vllm_dartree.checkpoint import DrafterLayout
 
 TreeVariant = Literal["pruned", "fixed", "ddtree", "chain"]
 BudgetPolicy = Literal["fixed", "adaptive"]
@@ -46,11 +49,6 @@ VLLM_PASSTHROUGH_KEYS = frozenset(
         "disable_padded_drafter_batch",
     }
 )
-
-# Where a dartree engine's settings ride on vLLM's SpeculativeConfig (into every engine
-# process): the DARTreeConfig, and the drafter's DrafterLayout read once at config time.
-SETTINGS_ATTR = "dartree"
-LAYOUT_ATTR = "dartree_layout"
 
 # The V1 rejection-sampler contract caps a step at 128 draft slots, and the verify
 # rows are root + B; 127 keeps every buffer inside that contract.
@@ -88,6 +86,8 @@ class DARTreeConfig(BaseModel):
 
     method: Literal["dartree"] = "dartree"
     model: str
+    # B: draft nodes per tree, the number the gate hands vLLM as its num_speculative_tokens
+    # (once); with the adaptive policy the most a request verifies in a step.
     num_speculative_tokens: int = 64
     tree: TreeVariant = "pruned"
     width: int | Literal["auto"] = 12
@@ -102,12 +102,6 @@ class DARTreeConfig(BaseModel):
     def user_set(self, key: str) -> bool:
         """Whether the user chose ``key`` (not a default, machine defaults included)."""
         return key in self.model_fields_set and key not in self._machine_defaults
-
-    @property
-    def budget(self) -> int:
-        """B: draft nodes per tree (vLLM's num_speculative_tokens); with the adaptive
-        policy the most a request verifies in a step."""
-        return self.num_speculative_tokens
 
     @property
     def adaptive(self) -> bool:
@@ -138,7 +132,7 @@ class DARTreeConfig(BaseModel):
         if not self.auto_width:
             return self.width
         default = self._cpu_width or type(self).model_fields["width"].default
-        return min(default, self.budget)
+        return min(default, self.num_speculative_tokens)
 
     @field_validator("width", "top_k")
     @classmethod
@@ -173,9 +167,10 @@ class DARTreeConfig(BaseModel):
                 "nodes the adaptive budget gives each request); with 'budget_policy' = "
                 f"{self.budget_policy!r} give 'width' as an integer"
             )
-        if self.tree == "pruned" and not self.auto_width and self.width > self.budget:
+        budget = self.num_speculative_tokens
+        if self.tree == "pruned" and not self.auto_width and self.width > budget:
             raise ValueError(
-                f"'width' = {self.width} exceeds 'num_speculative_tokens' = {self.budget}: "
+                f"'width' = {self.width} exceeds 'num_speculative_tokens' = {budget}: "
                 "the per-depth width must be <= the verify budget"
             )
         return self
@@ -237,3 +232,40 @@ def _describe(exc: ValidationError, options: dict[str, Any]) -> str:
         else:
             lines[key] = f"speculative_config key {key!r} = {value!r} is invalid: {msg}"
     return "; ".join(lines.values())
+
+
+# ---- the settings' one channel into every engine process --------------------------------
+
+_SETTINGS_ATTR = "dartree"
+_LAYOUT_ATTR = "dartree_layout"
+
+
+def carry_settings(speculative_config: Any, settings: DARTreeConfig,
+                   layout: DrafterLayout) -> None:
+    """Attach a dartree engine's validated settings and its drafter's layout (read and
+    checked once, at config time) to vLLM's ``SpeculativeConfig``: the one object vLLM
+    hands every engine process (pickled inside the ``VllmConfig``). Read back with
+    :func:`carried_settings` and :func:`carried_layout`; nothing else touches these names.
+
+    Why an attribute of vLLM's object, on every release: vLLM 0.32/0.33 have no
+    per-method place for a method's own state. vLLM 0.34 has ``speculator_options``
+    (validated by the registered config's ``supported_options``/``apply_options``), but it
+    cannot carry these as they are: every value in it goes into
+    ``SpeculativeConfig.compile_factors`` (the field is not in its ``ignored_factors``), so
+    the tree settings would key vLLM's compile cache (a change of tree, width or top_k
+    would recompile the target, as a change of B does not); its values must also be plain
+    data (``normalize_value``), so neither this pydantic model (with its machine-default
+    bookkeeping) nor the layout could travel, only dicts re-validated in every process.
+    ``object.__setattr__``: the attribute is not a field of vLLM's pydantic dataclass."""
+    object.__setattr__(speculative_config, _SETTINGS_ATTR, settings)
+    object.__setattr__(speculative_config, _LAYOUT_ATTR, layout)
+
+
+def carried_settings(speculative_config: Any) -> DARTreeConfig | None:
+    """The settings :func:`carry_settings` attached (None: not a dartree engine)."""
+    return getattr(speculative_config, _SETTINGS_ATTR, None)
+
+
+def carried_layout(speculative_config: Any) -> DrafterLayout | None:
+    """The drafter layout :func:`carry_settings` attached (None: not a dartree engine)."""
+    return getattr(speculative_config, _LAYOUT_ATTR, None)

@@ -178,7 +178,7 @@ def test_serve_args(built: dict[str, list[dict[str, Any]]], overlay: str) -> Non
         "width": 12,
     }
     cfg = parse_speculative_config(raw)
-    assert (cfg.model, cfg.budget, cfg.tree, cfg.width) == (drafter, 64, "pruned", 12)
+    assert (cfg.model, cfg.num_speculative_tokens, cfg.tree, cfg.width) == (drafter, 64, "pruned", 12)
 
 
 # ------------------------------------------------------------------- (d) security policy

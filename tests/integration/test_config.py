@@ -7,7 +7,12 @@ import shutil
 
 import pytest
 
-from vllm_dartree.config import DARTreeConfig, DARTreeConfigError, parse_speculative_config
+from vllm_dartree.config import (
+    DARTreeConfig,
+    DARTreeConfigError,
+    carried_settings,
+    parse_speculative_config,
+)
 
 BASE = {"method": "dartree", "model": "some/drafter"}
 
@@ -40,7 +45,7 @@ def test_invalid_config_is_rejected_with_a_clear_message(raw, message):
 
 def test_defaults_are_the_papers():
     config = parse_speculative_config(BASE)
-    assert (config.budget, config.width, config.top_k, config.depth_bonus, config.tree) == (
+    assert (config.num_speculative_tokens, config.width, config.top_k, config.depth_bonus, config.tree) == (
         64, 12, 64, -0.2, "pruned")
     assert config.correction is None  # decided by the drafter (head present or not)
     assert parse_speculative_config(BASE | {"tree": "fixed"}).effective_depth_bonus == 0.0
@@ -48,7 +53,7 @@ def test_defaults_are_the_papers():
 
 def test_dashes_and_vllm_keys_pass_through():
     config = parse_speculative_config(BASE | {"num-speculative-tokens": 16, "revision": "main"})
-    assert config.budget == 16 and config.vllm_options == {"revision": "main"}
+    assert config.num_speculative_tokens == 16 and config.vllm_options == {"revision": "main"}
     assert isinstance(config, DARTreeConfig)
 
 
@@ -161,27 +166,28 @@ def test_valid_request_builds_a_config_carrying_the_settings(tiny_target, tiny_d
                                           "tree": "fixed", "num_speculative_tokens": 32})
     spec = config.speculative_config
     assert spec.method == "dflash" and spec.num_speculative_tokens == 32
-    assert spec.dartree.tree == "fixed" and spec.dartree.budget == 32
+    settings = carried_settings(spec)
+    assert settings.tree == "fixed" and settings.num_speculative_tokens == 32
 
 
 def test_cpu_defaults_fill_only_keys_the_variant_uses():
     from vllm_dartree.config import CPU_DEFAULTS
 
     pruned = parse_speculative_config(BASE, on_cpu=True)
-    assert (pruned.budget, pruned.width, pruned.top_k) == (
+    assert (pruned.num_speculative_tokens, pruned.width, pruned.top_k) == (
         CPU_DEFAULTS["num_speculative_tokens"], CPU_DEFAULTS["width"], CPU_DEFAULTS["top_k"])
     fixed = parse_speculative_config(BASE | {"tree": "fixed"}, on_cpu=True)  # no width there
-    assert (fixed.budget, fixed.top_k) == (CPU_DEFAULTS["num_speculative_tokens"],
+    assert (fixed.num_speculative_tokens, fixed.top_k) == (CPU_DEFAULTS["num_speculative_tokens"],
                                            CPU_DEFAULTS["top_k"])
     ddtree = parse_speculative_config(BASE | {"tree": "ddtree"}, on_cpu=True)
-    assert ddtree.budget == CPU_DEFAULTS["num_speculative_tokens"]
+    assert ddtree.num_speculative_tokens == CPU_DEFAULTS["num_speculative_tokens"]
     given = parse_speculative_config(BASE | {"num_speculative_tokens": 32}, on_cpu=True)
-    assert (given.budget, given.width) == (32, CPU_DEFAULTS["width"])
+    assert (given.num_speculative_tokens, given.width) == (32, CPU_DEFAULTS["width"])
     small = parse_speculative_config(BASE | {"num_speculative_tokens": 3}, on_cpu=True)
     assert small.width == 3  # a default width never exceeds the budget the user chose
     assert small.user_set("num_speculative_tokens") and not small.user_set("top_k")
     gpu = parse_speculative_config(BASE)  # the paper's defaults
-    assert (gpu.budget, gpu.width, gpu.top_k) == (64, 12, 64)
+    assert (gpu.num_speculative_tokens, gpu.width, gpu.top_k) == (64, 12, 64)
 
 
 def test_an_auto_width_stays_within_the_width_that_would_apply_otherwise():
@@ -191,7 +197,7 @@ def test_an_auto_width_stays_within_the_width_that_would_apply_otherwise():
     gpu = parse_speculative_config(auto)
     assert (gpu.auto_width, gpu.max_width) == (True, 12)
     cpu = parse_speculative_config(auto, on_cpu=True)
-    assert (cpu.budget, cpu.max_width) == (CPU_DEFAULTS["num_speculative_tokens"],
+    assert (cpu.num_speculative_tokens, cpu.max_width) == (CPU_DEFAULTS["num_speculative_tokens"],
                                            CPU_DEFAULTS["width"])
     small = parse_speculative_config(auto | {"num_speculative_tokens": 3})
     assert small.max_width == 3  # never wider than the budget

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from vllm_dartree.checkpoint import DrafterConfigError
+from vllm_dartree.config import carried_settings
 from vllm_dartree.integration import drafter_model
 from vllm_dartree.integration.drafter_model import DARTreeDraftModel, read_layout
 from vllm_dartree.tree import MarkovHead
@@ -191,7 +192,7 @@ def test_a_dspark_drafter_builds_a_dartree_engine_config(tmp_path, tiny_dspark):
     assert draft.architectures == ["DFlashQwen3DSparkModel"]
     assert draft.hf_config.dflash_config["target_layer_ids"] == [0, 1]
     assert draft.hf_config.dflash_config["mask_token_id"] == draft.hf_config.mask_token_id
-    assert config.speculative_config.dartree.tree == "pruned"
+    assert carried_settings(config.speculative_config).tree == "pruned"
 
 
 @pytest.mark.parametrize(("changes", "message"), [

@@ -13,7 +13,7 @@ import pytest
 
 import vllm_dartree
 from vllm_dartree.integration import activation
-from vllm_dartree.integration.patching import check_vllm_version
+from vllm_dartree.integration.patching import AppliedAt, Runner, check_vllm_version
 
 
 def test_entry_point_is_visible_to_vllm():
@@ -87,7 +87,8 @@ def test_only_the_gate_is_installed_at_load():
         env={k: v for k, v in os.environ.items() if k != "VLLM_DARTREE_ACTIVE"},
     )
     # (MethodRegistration, the third, applies on 0.34+ only: vLLM's registry.)
-    declared = sorted(t.attribute for t in activation.LOAD_TOUCHPOINTS if t.applies_here())
+    declared = sorted(t.attribute for t in activation.patches_at(AppliedAt.PLUGIN_LOAD)
+                      if t.applies_here())
     assert declared == ["add_cli_args", "create_speculative_config"]
     assert out.stdout.strip().splitlines()[-1] == f"{declared} None"
 
@@ -168,13 +169,16 @@ def test_on_vllm_0_34_dartree_is_a_registered_method_and_no_v1_glue_applies(monk
         assert calls == [("dartree", activation.MethodRegistration.config_path)]
     finally:
         activation.MethodRegistration.revert()
-    names = {t.__name__ for t in activation.dartree_touchpoints()}
-    assert names == {"ActiveInEngineProcesses", "DrafterArchitecture",
-                     "DSparkDrafterArchitecture", "CpuTreeAttention", "TritonTreeAttention",
-                     "CpuGdnConvWindowFix", "SpecConvGlobal", "SpecRecurrenceGlobal",
-                     "TreeRowsInTritonGdn", "NoFusedChainKernel", "DraftCountsKept",
-                     "DraftCountsHandedOver", "DraftsKeptByScheduler",
-                     "DraftsWithoutRpc", "DraftsWithAsyncOutput"}
+    patches = activation.patches_at(AppliedAt.DARTREE_REQUESTED)
+    assert {t.__name__ for t in patches} == {
+        "ActiveInEngineProcesses", "DrafterArchitecture", "DSparkDrafterArchitecture",
+        "CpuTreeAttention", "TritonTreeAttention", "SpecConvGlobal", "SpecRecurrenceGlobal",
+        "TreeRowsInTritonGdn", "NoFusedChainKernel", "DraftCountsKept",
+        "DraftCountsHandedOver", "DraftsKeptByScheduler", "DraftsWithoutRpc",
+        "DraftsWithAsyncOutput"}
+    assert not any(t.runner is Runner.V1 for t in patches)
+    assert [t.__name__ for t in activation.patches_at(AppliedAt.PLUGIN_LOAD)] == [
+        "SpeculativeConfigGate", "SpecMethodChoice", "MethodRegistration"]
     # The registered config names our V2 speculator (read as text: it imports 0.34 only).
     module, _, cls = activation.MethodRegistration.config_path.rpartition(".")
     source = Path(vllm_dartree.__file__).parent.joinpath(

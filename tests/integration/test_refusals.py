@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_dartree.config import DARTreeConfig, DARTreeConfigError
+from vllm_dartree.config import DARTreeConfig, DARTreeConfigError, carried_settings
 from vllm_dartree.integration import refusals
 from vllm_dartree.models.tiny import TargetSpec, _qwen3_config
 
@@ -46,7 +46,7 @@ def refused(match: str, model: str, drafter, **engine) -> str:
 
 def test_a_supported_setup_builds(tmp_path, tiny_domino):
     config = engine_config(config_only_target(tmp_path, "plain"), tiny_domino)
-    assert config.speculative_config.dartree.tree == "pruned"
+    assert carried_settings(config.speculative_config).tree == "pruned"
     assert config.use_v2_model_runner is False
 
 
@@ -95,7 +95,7 @@ def test_every_tree_on_a_qwen3_next_target_passes_the_config_gate(tiny_hybrid_ta
     """Qwen3-Next's GDN layers verify tree rows on CPU (integration/cpu_gdn.py)."""
     config = engine_config(str(tiny_hybrid_target), tiny_hybrid_domino, dtype="bfloat16",
                            speculative={"tree": tree, "num_speculative_tokens": 16})
-    assert config.model_config.is_hybrid and config.speculative_config.dartree.tree == tree
+    assert config.model_config.is_hybrid and carried_settings(config.speculative_config).tree == tree
 
 
 @pytest.mark.parametrize("arch", ["Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration",
@@ -173,7 +173,7 @@ def test_the_adaptive_budget_schedules_synchronously(tmp_path, tiny_domino):
             tiny_domino, speculative=adaptive, async_scheduling=True)
     config = engine_config(model, tiny_domino, speculative=adaptive)
     assert config.scheduler_config.async_scheduling is False
-    assert config.speculative_config.dartree.adaptive
+    assert carried_settings(config.speculative_config).adaptive
 
 
 def test_watermarking_is_refused(tmp_path, tiny_domino):
@@ -187,12 +187,12 @@ def test_a_dartree_engine_keeps_vllms_runner_choice(tmp_path, tiny_domino):
     Triton CPU backend; tests/v2 runs dartree engines where vLLM is told to pick V2)."""
     from vllm.config.vllm import VllmConfig
 
-    from vllm_dartree.integration.activation import dartree_touchpoints
+    from vllm_dartree.integration.activation import declared_patches
 
     config = engine_config(config_only_target(tmp_path, "scope"), tiny_domino)
     assert not any(getattr(t, "target", None) == "vllm.config.vllm:VllmConfig"
                    and getattr(t, "attribute", None) == "use_v2_model_runner"
-                   for t in dartree_touchpoints())
+                   for t in declared_patches())
     assert getattr(VllmConfig.use_v2_model_runner.fget, "__dartree_patch__", None) is None
     assert config.use_v2_model_runner is False
 

@@ -66,17 +66,18 @@ PROBE = textwrap.dedent(
     load_general_plugins()
     loaded = snapshot()
     from vllm_dartree.integration import activation
+    from vllm_dartree.integration.patching import AppliedAt
     activation.activate()
     active = snapshot()
-    declared_load = sorted({c for t in activation.LOAD_TOUCHPOINTS if t.applies_here()
-                            for c in t.changes()})
-    declared = sorted({c for t in activation.dartree_touchpoints()
-                       if t.is_applied() for c in t.changes()})
+    at_load = activation.patches_at(AppliedAt.PLUGIN_LOAD)
+    requested = activation.patches_at(AppliedAt.DARTREE_REQUESTED)
+    declared_load = sorted({c for t in at_load if t.applies_here() for c in t.changes()})
+    declared = sorted({c for t in requested if t.is_applied() for c in t.changes()})
     print("RESULT" + json.dumps({
         "at_load": changed(start, loaded), "declared_load": declared_load,
         "at_activation": changed(loaded, active), "declared": declared,
-        "all": [t.__name__ for t in activation.dartree_touchpoints()],
-        "applied": [t.__name__ for t in activation.dartree_touchpoints() if t.is_applied()]}))
+        "all": [t.__name__ for t in requested],
+        "applied": [t.__name__ for t in requested if t.is_applied()]}))
     """
 )
 
@@ -106,3 +107,35 @@ def test_activation_changes_exactly_the_declared_touchpoints():
             "CpuGdnConvWindowFix", "TreeRowsInTritonGdn",
             "NoFusedChainKernel"} <= set(result["applied"])
     assert len(result["at_activation"]) >= 8  # the snapshot sees real changes
+
+
+def test_every_patch_declares_its_releases_runner_and_moment():
+    """Releases, runner and moment are data on each entry of the one list: releases among
+    the checked ones (V1 patches only where vLLM ships the V1 runner), a runner, a moment."""
+    from vllm_dartree.integration.activation import declared_patches
+    from vllm_dartree.integration.patching import AppliedAt, Runner
+    from vllm_dartree.integration.touchpoints import ALL_RELEASES, V1_RELEASES
+
+    patches = declared_patches()
+    assert len(set(patches)) == len(patches)
+    for patch in patches:
+        assert patch.releases and set(patch.releases) <= set(ALL_RELEASES), patch
+        assert isinstance(patch.runner, Runner) and isinstance(patch.applied_at, AppliedAt)
+        if patch.runner is Runner.V1:
+            assert set(patch.releases) <= set(V1_RELEASES), patch
+        assert not hasattr(patch, "vllm_versions"), patch  # no free-text releases
+
+
+def test_the_log_line_names_the_runner_and_the_releases(caplog):
+    """What a patch replaced, for which runner and which releases (a V1 patch never
+    claims 0.34)."""
+    from vllm_dartree.integration.v1.runner import DrafterFitsPerRequest
+
+    if DrafterFitsPerRequest.is_applied():
+        DrafterFitsPerRequest.revert()
+    with caplog.at_level("INFO", logger="vllm.dartree"):
+        DrafterFitsPerRequest.apply()
+    DrafterFitsPerRequest.revert()
+    (line,) = [r.getMessage() for r in caplog.records if "DrafterFitsPerRequest" in r.getMessage()]
+    assert "_input_fits_in_drafter" in line
+    assert "for the V1 model runner on vLLM 0.32.0, 0.33.0" in line and "0.34" not in line

@@ -84,12 +84,12 @@ def engine_config(target, speculative: dict):
 def test_a_lattice_drafter_corrects_with_its_own_k(request, family, key):
     """The lattice is the drafter's correction; K is the checkpoint's (refused otherwise,
     before any weight loads)."""
-    from vllm_dartree.config import LAYOUT_ATTR, DARTreeConfigError
+    from vllm_dartree.config import DARTreeConfigError, carried_layout
 
     target, drafter = request.getfixturevalue(f"lattice_{family}")
     top_k = json.loads((drafter / "config.json").read_text())["dflash_config"][key]
     config = engine_config(target, dartree(drafter, correction=True, top_k=top_k))
-    layout = getattr(config.speculative_config, LAYOUT_ATTR)
+    layout = carried_layout(config.speculative_config)
     assert (layout.lattice, layout.lattice_top_k) == (family, top_k)
     with pytest.raises(DARTreeConfigError, match=rf"'top_k' = {top_k + 1} does not apply.*a "
                                                  rf"{family} drafter scores its own {top_k} "

@@ -1,11 +1,15 @@
 """When vllm-dartree changes vLLM, and the one list of what it changes.
 
-At plugin load (every vLLM process) only :data:`LOAD_TOUCHPOINTS` are installed: the
-request gate around ``EngineArgs.create_speculative_config``, which calls the original
-unchanged for any config whose method is not "dartree", and ``dartree`` as a choice of
-``--spec-method`` (vLLM loads plugins before building its CLI parser so that they can add
-choices). Everything in :func:`dartree_touchpoints` is applied when dartree is requested;
-engine processes spawned after that inherit ``VLLM_DARTREE_ACTIVE`` and activate at load.
+:func:`declared_patches` is that list. Each entry declares the vLLM releases it applies
+to, the model runner it serves and when it is applied (``patching.TouchPoint``); each
+moment applies the entries that name it and cover the installed release
+(:func:`apply_patches`). At plugin load (every vLLM process) that is the request gate
+around ``EngineArgs.create_speculative_config``, which calls the original unchanged for any
+config whose method is not "dartree", ``dartree`` as a choice of ``--spec-method`` (vLLM
+loads plugins before building its CLI parser so that they can add choices) and, where vLLM
+has the API, "dartree" as a registered speculative method. The rest is applied when
+dartree is requested; engine processes spawned after that inherit ``VLLM_DARTREE_ACTIVE``
+and activate at load.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ import logging
 from typing import Any
 
 from vllm_dartree import METHOD_NAME
-from vllm_dartree.config import LAYOUT_ATTR, SETTINGS_ATTR
+from vllm_dartree.config import carried_layout, carry_settings
 from vllm_dartree.integration.patching import (
+    AppliedAt,
     ArchitectureOverride,
     BackendOverride,
     EnvironmentSetting,
+    Runner,
     SpeculativeMethodRegistration,
     TouchPoint,
     VllmPatch,
@@ -28,6 +34,7 @@ from vllm_dartree.integration.patching import (
     installed_vllm_version,
 )
 from vllm_dartree.integration.touchpoints import (
+    ALL_RELEASES,
     PRE_REGISTRY_RELEASES,
     REGISTRY_RELEASES,
     V1_RELEASES,
@@ -70,6 +77,9 @@ class SpeculativeConfigGate(VllmPatch):
 
     target = "vllm.engine.arg_utils:EngineArgs"
     attribute = "create_speculative_config"
+    releases = ALL_RELEASES
+    runner = Runner.BOTH
+    applied_at = AppliedAt.PLUGIN_LOAD
     log_level = logging.DEBUG  # installed in every vLLM process: stay quiet
 
     @classmethod
@@ -91,6 +101,9 @@ class SpecMethodChoice(VllmPatch):
 
     target = "vllm.engine.arg_utils:EngineArgs"
     attribute = "add_cli_args"
+    releases = ALL_RELEASES
+    runner = Runner.BOTH
+    applied_at = AppliedAt.PLUGIN_LOAD
     log_level = logging.DEBUG
 
     @classmethod
@@ -116,16 +129,12 @@ class MethodRegistration(SpeculativeMethodRegistration):
     method = METHOD_NAME
     config_path = "vllm_dartree.integration.v2.registry.DARTreeSpeculatorConfig"
     releases = REGISTRY_RELEASES
-
-
-LOAD_TOUCHPOINTS: tuple[type[TouchPoint], ...] = (SpeculativeConfigGate, SpecMethodChoice,
-                                                   MethodRegistration)
+    runner = Runner.V2  # 0.34 has only the V2 runner
+    applied_at = AppliedAt.PLUGIN_LOAD
 
 
 def install_gate() -> None:
-    for touchpoint in LOAD_TOUCHPOINTS:
-        if not touchpoint.is_applied() and touchpoint.applies_here():
-            touchpoint.apply()
+    apply_patches(AppliedAt.PLUGIN_LOAD)
 
 
 # ---- applied when dartree is requested --------------------------------------------------
@@ -135,6 +144,8 @@ class ActiveInEngineProcesses(EnvironmentSetting):
 
     variable = ACTIVE_ENV
     value = "1"
+    releases = ALL_RELEASES
+    runner = Runner.BOTH
     log_level = logging.DEBUG
 
 
@@ -146,6 +157,8 @@ class V2SpeculatorChoice(VllmPatch):
 
     target = "vllm.v1.worker.gpu.model_runner"
     attribute = "init_speculator"
+    releases = PRE_REGISTRY_RELEASES  # 0.34+: MethodRegistration names the speculator
+    runner = Runner.V2
 
     @classmethod
     def replacement(cls, original):
@@ -170,16 +183,21 @@ class DrafterBlockLookahead(VllmPatch):
     DFlash drafter, which queries that many. Ours queries the checkpoint's block (16) for
     any budget B; with B < block - 1 the last queries would write K/V into block-table
     entries the request does not own (stale ids of a row's earlier request, i.e. another
-    request's drafter cache). The scheduler and the warmup read this property."""
+    request's drafter cache). The scheduler and the warmup read this property.
+
+    V1 only, by design: on V2 (the only runner of 0.34, where this would be the method
+    config's ``num_lookahead_tokens``) the query never exceeds what vLLM reserves."""
 
     target = "vllm.config.vllm:VllmConfig"
     attribute = "num_lookahead_tokens"
+    releases = V1_RELEASES
+    runner = Runner.V1
 
     @classmethod
     def replacement(cls, original):
         def num_lookahead_tokens(self) -> int:
             reserved = original.fget(self)
-            layout = getattr(getattr(self, "speculative_config", None), LAYOUT_ATTR, None)
+            layout = carried_layout(getattr(self, "speculative_config", None))
             return reserved if layout is None else max(reserved, layout.block_size)
 
         return property(num_lookahead_tokens, doc=original.__doc__)
@@ -191,6 +209,8 @@ class DrafterArchitecture(ArchitectureOverride):
 
     architecture = "DFlashDraftModel"
     model_path = "vllm_dartree.integration.drafter_model:DARTreeDraftModel"
+    releases = ALL_RELEASES
+    runner = Runner.BOTH
 
 
 class DSparkDrafterArchitecture(ArchitectureOverride):
@@ -200,6 +220,8 @@ class DSparkDrafterArchitecture(ArchitectureOverride):
 
     architecture = "DFlashQwen3DSparkModel"
     model_path = "vllm_dartree.integration.drafter_model:DARTreeDraftModel"
+    releases = ALL_RELEASES
+    runner = Runner.BOTH
 
 
 class CpuTreeAttention(BackendOverride):
@@ -207,6 +229,8 @@ class CpuTreeAttention(BackendOverride):
 
     backend = "CPU_ATTN"
     class_path = "vllm_dartree.integration.cpu_attention.TreeCPUAttentionBackend"
+    releases = ALL_RELEASES
+    runner = Runner.BOTH
 
 
 class TritonTreeAttention(BackendOverride):
@@ -216,51 +240,72 @@ class TritonTreeAttention(BackendOverride):
 
     backend = "TRITON_ATTN"
     class_path = "vllm_dartree.integration.gpu_attention.TreeTritonAttentionBackend"
+    releases = ALL_RELEASES
+    runner = Runner.BOTH
 
 
-def dartree_touchpoints() -> list[type[TouchPoint]]:
-    """Every change activation makes to the installed vLLM, in the order it applies them:
-    the tree core's (drafter architectures, tree attention backends, tree rows in GDN
-    layers, the engine core's half of the drafts' hand-over), the V2 runner's (its speculator choice where vLLM has no
-    registry, 0.32/0.33; the adaptive budget's draft counts to the scheduler; drafts with
-    the sampled tokens), and the V1 runner's glue where vLLM still ships that runner
-    (0.32/0.33)."""
-    from vllm_dartree.integration.compat import CpuGdnConvWindowFix
+@functools.cache
+def declared_patches() -> tuple[type[TouchPoint], ...]:
+    """Every change vllm-dartree makes to vLLM (and, for vLLM's CLI, to the process), in the
+    order each moment applies them. Which apply where is each entry's own declaration
+    (``releases``, ``runner``, ``applied_at``). Collected on first use, not at import: the
+    patch modules pull in the tree step, which nothing needs before this is read."""
+    from vllm_dartree.integration.compat import (
+        CPU_DEFECT_FIXES,
+        LAUNCH_PATCHES,
+        CpuGdnConvWindowFix,
+        KernelRebindVarsFix,
+    )
     from vllm_dartree.integration.draft_handoff import ENGINE_CORE_PATCHES
     from vllm_dartree.integration.gpu_gdn import TRITON_GDN_PATCHES
+    from vllm_dartree.integration.v1.draft_handoff import DraftsWithOutput
+    from vllm_dartree.integration.v1.runner import RUNNER_PATCHES, DFlashProposerGlobal
     from vllm_dartree.integration.v2.draft_counts import DRAFT_COUNT_PATCHES
     from vllm_dartree.integration.v2.draft_handoff import DraftsWithAsyncOutput
 
-    shared = [ActiveInEngineProcesses, DrafterArchitecture, DSparkDrafterArchitecture,
-              CpuTreeAttention, TritonTreeAttention, CpuGdnConvWindowFix, *TRITON_GDN_PATCHES,
-              *ENGINE_CORE_PATCHES]
-    v2 = [*DRAFT_COUNT_PATCHES, DraftsWithAsyncOutput]
-    if installed_release_in(PRE_REGISTRY_RELEASES):
-        v2.insert(0, V2SpeculatorChoice)
-    if not installed_release_in(V1_RELEASES):
-        return shared + v2
-    from vllm_dartree.integration.compat import CPU_DEFECT_FIXES
-    from vllm_dartree.integration.v1.draft_handoff import DraftsWithOutput
-    from vllm_dartree.integration.v1.runner import RUNNER_PATCHES, DFlashProposerGlobal
+    return (
+        # every vLLM process: the gate
+        SpeculativeConfigGate, SpecMethodChoice, MethodRegistration,
+        # dartree requested: the tree core (drafter architectures, tree attention backends,
+        # tree rows in GDN layers, the engine core's half of the drafts' hand-over) ...
+        ActiveInEngineProcesses, DrafterArchitecture, DSparkDrafterArchitecture,
+        CpuTreeAttention, TritonTreeAttention, CpuGdnConvWindowFix, *TRITON_GDN_PATCHES,
+        *ENGINE_CORE_PATCHES,
+        # ... the V2 runner's (its speculator choice, the adaptive budget's draft counts to
+        # the scheduler, drafts with the sampled tokens) ...
+        V2SpeculatorChoice, *DRAFT_COUNT_PATCHES, DraftsWithAsyncOutput,
+        # ... and the V1 runner's
+        DrafterBlockLookahead, *CPU_DEFECT_FIXES, DFlashProposerGlobal, *RUNNER_PATCHES,
+        DraftsWithOutput,
+        # the console script, before vLLM's CLI; the test and benchmark harness
+        *LAUNCH_PATCHES, KernelRebindVarsFix,
+    )
 
-    v1 = [DrafterBlockLookahead, *CPU_DEFECT_FIXES, DFlashProposerGlobal, *RUNNER_PATCHES,
-          DraftsWithOutput]
-    return shared + v2 + v1
+
+def patches_at(moment: AppliedAt) -> list[type[TouchPoint]]:
+    """The declared patches of ``moment`` whose releases include the installed vLLM (each
+    may still find this process does not need it: ``needed_here``)."""
+    return [patch for patch in declared_patches()
+            if patch.applied_at is moment and installed_release_in(patch.releases)]
+
+
+def apply_patches(moment: AppliedAt) -> None:
+    for patch in patches_at(moment):
+        if not patch.is_applied() and patch.needed_here():
+            patch.apply()
 
 
 _activated = False
 
 
 def activate() -> None:
-    """Apply every touch-point dartree needs in this process (once)."""
+    """Apply every patch dartree needs in this process (once)."""
     global _activated
     check_vllm_version()
     if _activated:
         return
     _activated = True
-    for touchpoint in dartree_touchpoints():
-        if not touchpoint.is_applied() and touchpoint.applies_here():
-            touchpoint.apply()
+    apply_patches(AppliedAt.DARTREE_REQUESTED)
     logger.info("vllm-dartree activated (vLLM %s)", installed_vllm_version())
 
 
@@ -285,11 +330,11 @@ def build_dartree_speculative_config(engine_args, requested: dict, original,
     # vLLM carries dartree as its DFlash method (same drafter plumbing) with B draft slots:
     # on 0.34+ through the registered method "dartree" (a DFlash-based config naming our
     # speculator), before that as "dflash" itself. The dartree settings ride along on the
-    # config object into every engine process.
+    # config object into every engine process (config.carry_settings says why there).
     engine_args.speculative_config = {
         "method": METHOD_NAME if MethodRegistration.applies_here() else "dflash",
         "model": config.model,
-        "num_speculative_tokens": config.budget,
+        "num_speculative_tokens": config.num_speculative_tokens,
         **config.vllm_options,
     }
     for attr in saved:  # merged into the request above
@@ -303,10 +348,9 @@ def build_dartree_speculative_config(engine_args, requested: dict, original,
     layout = check_drafter(config, speculative.draft_model_config.hf_config,
                            target_model_config, parallel_config)
     expose_target_layers(speculative.draft_model_config.hf_config, layout)
-    object.__setattr__(speculative, SETTINGS_ATTR, config)
-    object.__setattr__(speculative, LAYOUT_ATTR, layout)
+    carry_settings(speculative, config, layout)
     logger.info("vllm-dartree: tree=%s B=%d W=%s K=%d beta=%g budget=%s drafter=%s",
-                config.tree, config.budget, config.width, config.top_k,
+                config.tree, config.num_speculative_tokens, config.width, config.top_k,
                 config.effective_depth_bonus, config.budget_policy, config.model)
     return speculative
 

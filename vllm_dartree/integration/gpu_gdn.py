@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from vllm_dartree.integration.gdn_rows import shift_conv_windows, tree_rows_of, verifies_trees
-from vllm_dartree.integration.patching import ModuleGlobalSwap, VllmPatch, resolve
+from vllm_dartree.integration.patching import ModuleGlobalSwap, Runner, VllmPatch, resolve
+from vllm_dartree.integration.touchpoints import ALL_RELEASES
 from vllm_dartree.kernels.gdn_tree import delta_rule_in_slots, tree_conv_outputs
 
 GDN_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
@@ -40,6 +41,8 @@ class SpecConvGlobal(ModuleGlobalSwap):
 
     target = GDN_MODULE
     attribute = "causal_conv1d_update"
+    releases = ALL_RELEASES
+    runner = Runner.V2  # hybrid (GDN) targets run on the V2 runner only
 
 
 class SpecRecurrenceGlobal(ModuleGlobalSwap):
@@ -47,6 +50,8 @@ class SpecRecurrenceGlobal(ModuleGlobalSwap):
 
     target = GDN_MODULE
     attribute = "fused_sigmoid_gating_delta_rule_update"
+    releases = ALL_RELEASES
+    runner = Runner.V2  # hybrid (GDN) targets run on the V2 runner only
 
 
 def _metadata_of(layer: Any) -> Any:
@@ -61,6 +66,8 @@ class TreeRowsInTritonGdn(VllmPatch):
 
     target = GDN_LAYER
     attribute = "_forward_core"
+    releases = ALL_RELEASES
+    runner = Runner.V2  # hybrid (GDN) targets run on the V2 runner only
 
     @classmethod
     def replacement(cls, original):
@@ -134,6 +141,8 @@ class NoFusedChainKernel(VllmPatch):
 
     target = GDN_LAYER
     attribute = "__init__"
+    releases = ALL_RELEASES
+    runner = Runner.V2  # hybrid (GDN) targets run on the V2 runner only
 
     @classmethod
     def replacement(cls, original):

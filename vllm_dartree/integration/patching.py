@@ -1,16 +1,22 @@
-"""Declared changes to vLLM: each names its target and the releases it was checked against,
-refuses to apply twice and logs what it replaced.
+"""Declared changes to vLLM: each names its target, declares as data the vLLM releases it
+applies to (``releases``), the model runner it serves (``runner``) and when it is applied
+(``applied_at``), refuses to apply twice and logs what it replaced, where and for what.
 
 Kinds: :class:`VllmPatch` replaces an attribute of a vLLM module or class;
+:class:`BuiltinShadow` gives a module a global in place of a builtin it calls;
 :class:`BackendOverride` points one of vLLM's attention-backend registry entries at our
 subclass; :class:`ArchitectureOverride` points a model-registry architecture at our model;
 :class:`ModuleGlobalSwap` replaces a module global only inside a ``with`` block;
+:class:`SpeculativeMethodRegistration` registers a method with vLLM's custom-speculator API;
 :class:`EnvironmentSetting` sets a variable that engine processes spawned later inherit.
-``activation.dartree_touchpoints()`` is the one list of them that activation applies.
+``activation.declared_patches()`` is the one list of them; each moment of
+:class:`AppliedAt` applies the entries that name it and cover the installed release.
 """
 
 from __future__ import annotations
 
+import builtins
+import enum
 import importlib
 import logging
 import os
@@ -37,17 +43,49 @@ def resolve(path: str) -> Any:
     return obj
 
 
-class TouchPoint:
-    """One declared change to vLLM's state (subclasses say what and where)."""
+class Runner(enum.Enum):
+    """Which of vLLM's model runners a patch serves (V1 exists in 0.32/0.33 only)."""
 
-    vllm_versions: ClassVar[str] = SUPPORTED_VLLM_TEXT
+    V1 = "the V1 model runner"
+    V2 = "the V2 model runner"
+    BOTH = "both model runners"
+
+
+class AppliedAt(enum.Enum):
+    """When a patch is applied."""
+
+    PLUGIN_LOAD = "plugin load"  # every vLLM process, whether or not it wants dartree
+    DARTREE_REQUESTED = "dartree requested"  # activation (and engine processes after it)
+    LAUNCH = "launch"  # the vllm-dartree console script, before vLLM's CLI starts
+    HARNESS = "harness"  # test and benchmark processes that start several engines
+
+
+class TouchPoint:
+    """One declared change to vLLM's state. Subclasses say what and where, and every
+    concrete one declares ``releases`` (the vLLM releases it applies to, whose sources it
+    was checked against: ``touchpoints.CHECKED_RELEASES``) and ``runner``."""
+
+    releases: ClassVar[tuple[str, ...]]
+    runner: ClassVar[Runner]
+    applied_at: ClassVar[AppliedAt] = AppliedAt.DARTREE_REQUESTED
     log_level: ClassVar[int] = logging.INFO
     _applied: ClassVar[bool] = False
 
     @classmethod
     def applies_here(cls) -> bool:
-        """Whether activation applies it on this platform (default: everywhere)."""
+        """Whether the installed vLLM is one of its releases and this process needs it."""
+        return installed_release_in(cls.releases) and cls.needed_here()
+
+    @classmethod
+    def needed_here(cls) -> bool:
+        """Beyond the release: whether this process needs it (a probe for the defect a fix
+        mends, for instance); every process of its releases by default."""
         return True
+
+    @classmethod
+    def scope(cls) -> str:
+        """Its declared reach, for logs: runner and releases."""
+        return f"for {cls.runner.value} on vLLM {', '.join(cls.releases)}"
 
     @classmethod
     def is_applied(cls) -> bool:
@@ -59,8 +97,8 @@ class TouchPoint:
             raise RuntimeError(f"{cls.__name__} is already applied to {cls.describe()}")
         replaced = cls._apply()
         cls._applied = True
-        logger.log(cls.log_level, "vllm-dartree: %s replaced %s (was %s)", cls.__name__,
-                   cls.describe(), replaced)
+        logger.log(cls.log_level, "vllm-dartree: %s replaced %s (was %s), %s; installed: vLLM %s",
+                   cls.__name__, cls.describe(), replaced, cls.scope(), installed_vllm_version())
 
     @classmethod
     def revert(cls) -> None:
@@ -122,11 +160,32 @@ class VllmPatch(TouchPoint):
 
     @classmethod
     def describe(cls) -> str:
-        return f"{cls.target.replace(':', '.')}.{cls.attribute} (vLLM {cls.vllm_versions})"
+        return f"{cls.target.replace(':', '.')}.{cls.attribute}"
 
     @classmethod
     def changes(cls) -> set[tuple[str, str]]:
         return {(cls.target, cls.attribute)}
+
+
+class BuiltinShadow(VllmPatch):
+    """A module global named like a builtin the module calls (``vars``, say), which the
+    module does not define: :meth:`replacement` gets the builtin, and reverting removes the
+    global again."""
+
+    @classmethod
+    def _apply(cls) -> str:
+        module = resolve(cls.target)
+        if cls.attribute in vars(module):
+            raise RuntimeError(f"{cls.describe()} is already a module global")
+        original = getattr(builtins, cls.attribute)
+        setattr(module, cls.attribute, cls.replacement(original))
+        cls._original = original
+        return f"the builtin {cls.attribute}"
+
+    @classmethod
+    def _revert(cls) -> None:
+        delattr(resolve(cls.target), cls.attribute)
+        cls._original = None
 
 
 class BackendOverride(TouchPoint):
@@ -166,7 +225,7 @@ class BackendOverride(TouchPoint):
 
     @classmethod
     def describe(cls) -> str:
-        return f"attention backend {cls.backend} -> {cls.class_path} (vLLM {cls.vllm_versions})"
+        return f"attention backend {cls.backend} -> {cls.class_path}"
 
     @classmethod
     def changes(cls) -> set[tuple[str, str]]:
@@ -199,8 +258,7 @@ class ArchitectureOverride(TouchPoint):
 
     @classmethod
     def describe(cls) -> str:
-        return (f"model architecture {cls.architecture} -> {cls.model_path} "
-                f"(vLLM {cls.vllm_versions})")
+        return f"model architecture {cls.architecture} -> {cls.model_path}"
 
     @classmethod
     def changes(cls) -> set[tuple[str, str]]:
@@ -235,8 +293,7 @@ class ModuleGlobalSwap(TouchPoint):
 
     @classmethod
     def describe(cls) -> str:
-        return (f"{cls.target}.{cls.attribute}, only while a dartree runner is built "
-                f"(vLLM {cls.vllm_versions})")
+        return f"{cls.target}.{cls.attribute}, only while a dartree runner is built"
 
     @classmethod
     def changes(cls) -> set[tuple[str, str]]:
@@ -246,16 +303,11 @@ class ModuleGlobalSwap(TouchPoint):
 class SpeculativeMethodRegistration(TouchPoint):
     """A speculative method registered with vLLM's custom-speculator API (0.34+:
     ``speculator_config.register_speculative_method``, meant to be called from a general
-    plugin in every process). Only ``releases`` have the API."""
+    plugin in every process). Only the releases with that API may declare it."""
 
     method: ClassVar[str]
     config_path: ClassVar[str]  # "package.module.Class", imported by vLLM when used
-    releases: ClassVar[tuple[str, ...]]
     registry: ClassVar[str] = "vllm.v1.worker.gpu.spec_decode.speculator_config"
-
-    @classmethod
-    def applies_here(cls) -> bool:
-        return installed_release_in(cls.releases)
 
     @classmethod
     def _apply(cls) -> str:
@@ -269,7 +321,7 @@ class SpeculativeMethodRegistration(TouchPoint):
 
     @classmethod
     def describe(cls) -> str:
-        return f"speculative method {cls.method!r} -> {cls.config_path} (vLLM {cls.vllm_versions})"
+        return f"speculative method {cls.method!r} -> {cls.config_path}"
 
     @classmethod
     def changes(cls) -> set[tuple[str, str]]:

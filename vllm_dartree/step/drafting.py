@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from vllm_dartree.checkpoint import DrafterLayout
-from vllm_dartree.config import LAYOUT_ATTR, SETTINGS_ATTR, DARTreeConfig
+from vllm_dartree.config import DARTreeConfig, carried_layout, carried_settings
 from vllm_dartree.step.budget_report import BudgetReport
 from vllm_dartree.step.profile import StepProfile
 from vllm_dartree.step.tree_step import TreeStep
@@ -37,8 +37,7 @@ from vllm_dartree.tree.lattice import Lattice
 
 
 def dartree_settings(vllm_config) -> DARTreeConfig | None:
-    spec = getattr(vllm_config, "speculative_config", None)
-    return getattr(spec, SETTINGS_ATTR, None)
+    return carried_settings(getattr(vllm_config, "speculative_config", None))
 
 
 class PendingContext:
@@ -106,10 +105,9 @@ class TreeDrafting:
                            same_on_every_rank: Callable[[bool], bool]) -> None:
         self.same_on_every_rank = same_on_every_rank
         self.tree_step: TreeStep | None = None  # the engine's step, set by the adapter
-        spec = vllm_config.speculative_config
         self.settings: DARTreeConfig = dartree_settings(vllm_config)
-        self.layout: DrafterLayout = getattr(spec, LAYOUT_ATTR)  # read and checked at config
-        self.budget = self.settings.budget
+        # Read and checked at config time (activation.check_drafter).
+        self.layout: DrafterLayout = carried_layout(vllm_config.speculative_config)
         corrects = self.layout.has_head or self.layout.has_lattice
         self.use_correction = (corrects if self.settings.correction is None
                                else self.settings.correction)
@@ -156,6 +154,11 @@ class TreeDrafting:
             capture_all_shapes(graphs, variants, max_requests, self.tree_depths,
                                self.budget, self.top_k, width)
         return graphs
+
+    @property
+    def budget(self) -> int:
+        """B, as the user set it (``DARTreeConfig.num_speculative_tokens``)."""
+        return self.settings.num_speculative_tokens
 
     @property
     def tree_depths(self) -> int:

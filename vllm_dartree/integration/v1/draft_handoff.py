@@ -7,14 +7,12 @@ from __future__ import annotations
 import functools
 
 from vllm_dartree.integration.draft_handoff import attach_drafts
-from vllm_dartree.integration.patching import VllmPatch
-from vllm_dartree.integration.v1.runner import RUNNER, tree_step_of
+from vllm_dartree.integration.v1.runner import V1RunnerPatch, tree_step_of
 
 
-class DraftsWithOutput(VllmPatch):
+class DraftsWithOutput(V1RunnerPatch):
     """A dartree runner returns its next drafts with the sampled tokens (worker)."""
 
-    target = RUNNER
     attribute = "sample_tokens"
 
     @classmethod

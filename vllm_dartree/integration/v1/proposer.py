@@ -24,8 +24,7 @@ from vllm.forward_context import set_forward_context
 from vllm.v1.spec_decode.dflash import DFlashProposer
 from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 
-from vllm_dartree.checkpoint import DrafterLayout
-from vllm_dartree.config import LAYOUT_ATTR
+from vllm_dartree.config import carried_layout, carried_settings
 from vllm_dartree.integration.tensor_parallel import same_on_every_rank
 from vllm_dartree.step.drafting import TreeDrafting
 from vllm_dartree.step.profile import StepProfile
@@ -37,18 +36,35 @@ class DARTreeProposer(DFlashProposer, TreeDrafting):
 
     def __init__(self, vllm_config, device, runner=None):
         spec = vllm_config.speculative_config
-        layout: DrafterLayout = getattr(spec, LAYOUT_ATTR)  # read and checked at config time
-        # vLLM sizes the drafter's query buffers by num_speculative_tokens (B), but the
-        # drafter queries a whole block per request: size them for the larger of the two.
-        budget = spec.num_speculative_tokens
-        object.__setattr__(spec, "num_speculative_tokens", max(budget, layout.block_size - 1))
-        try:
-            super().__init__(vllm_config, device, runner)
-        finally:
-            object.__setattr__(spec, "num_speculative_tokens", budget)
+        # Set before vLLM's __init__, which sizes its buffers through num_speculative_tokens
+        # (below): the most mask slots a step may query, the block's or B, whichever is
+        # larger; vLLM's B itself is left as the user set it.
+        self.max_mask_slots = max(carried_settings(spec).num_speculative_tokens,
+                                  carried_layout(spec).block_size - 1)
+        self.step_mask_slots: int | None = None  # the step being laid out (_lay_out)
+        super().__init__(vllm_config, device, runner)
         self.target_runner = runner
         self.init_tree_drafting(vllm_config, device, same_on_every_rank)
         # self.tree_step, the engine's step, is set by runner.ProposerSwap.
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """What vLLM's V1 DFlash reads under this name: mask slots per request. Its
+        ``__init__`` sizes the query buffers (and registers kernel warmups) by it, and its
+        ``set_inputs_first_pass`` lays out [root, mask x this] per request (vLLM 0.32/0.33,
+        the releases with this runner). Ours varies by step (none on a step that does not
+        draft, ``query_slots`` otherwise), so the name answers with the step's count while
+        a step is laid out and with the most any step queries otherwise (buffer sizing).
+        B itself stays ``SpeculativeConfig.num_speculative_tokens``."""
+        if self.step_mask_slots is not None:
+            return self.step_mask_slots
+        return self.max_mask_slots
+
+    @num_speculative_tokens.setter
+    def num_speculative_tokens(self, value: int) -> None:
+        """vLLM's ``SpecDecodeBaseProposer.__init__`` copies B here (its ``propose``, which
+        this class replaces, the step's count); not kept: the getter answers from the
+        mask slots above, and B is read from the settings where the tree needs it."""
 
     def load_model(self, target_model) -> None:
         super().load_model(target_model)
@@ -92,14 +108,17 @@ class DARTreeProposer(DFlashProposer, TreeDrafting):
         computed) and a query of [root, mask x ``mask_slots``] per request. Returns the
         query's token count and attention metadata. ``combine=False`` leaves the target's
         states uncombined (a held context is combined when it is written)."""
-        self.num_speculative_tokens = mask_slots  # vLLM's DFlash reads it as the mask count
         context = (self.model.combine_hidden_states(target_hidden_states) if combine
                    else target_hidden_states)
-        num_tokens, _, draft_cad = self.set_inputs_first_pass(
-            target_token_ids=target_token_ids, next_token_ids=next_token_ids,
-            target_positions=target_positions, target_hidden_states=context,
-            token_indices_to_sample=None, cad=cad, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
-        )
+        self.step_mask_slots = mask_slots  # read by vLLM as num_speculative_tokens (above)
+        try:
+            num_tokens, _, draft_cad = self.set_inputs_first_pass(
+                target_token_ids=target_token_ids, next_token_ids=next_token_ids,
+                target_positions=target_positions, target_hidden_states=context,
+                token_indices_to_sample=None, cad=cad,
+                num_rejected_tokens_gpu=num_rejected_tokens_gpu)
+        finally:
+            self.step_mask_slots = None
         return num_tokens, draft_cad
 
     def _hold_context(self, *step_inputs) -> float:
@@ -131,8 +150,7 @@ class DARTreeProposer(DFlashProposer, TreeDrafting):
             slot_mapping=self._get_slot_mapping(slot_size, draft_cad.slot_mapping),
         ):
             out = self.model(**kwargs)
-        block = 1 + self.num_speculative_tokens
-        return out[:num_tokens].view(-1, block, out.shape[-1])
+        return out[:num_tokens].view(-1, 1 + self.query_slots, out.shape[-1])
 
     def _fit_queries(self, num_tokens: int, cad):
         """The query block of a request near ``max_model_len``, cut at the model length:

@@ -5,6 +5,10 @@ GPUModelRunner``, vLLM 0.32/0.33; the CPU runner subclasses it).
 Each wrapper acts only on a runner that ``ProposerSwap`` gave a tree step; for every other
 engine it calls the original. They translate vLLM's objects (scheduler output, spec-decode
 metadata, forward context, sampler output) into the step's plain arguments and back.
+
+This module imports vLLM's V1 modules only inside the patches, so that the one patch list
+(``activation.declared_patches``) can be read on every release; the patches apply on the
+releases that still ship the V1 runner (``V1_RELEASES``).
 """
 
 from __future__ import annotations
@@ -12,9 +16,9 @@ from __future__ import annotations
 import functools
 
 from vllm_dartree.config import DARTreeConfigError
-from vllm_dartree.integration.patching import ModuleGlobalSwap, VllmPatch
+from vllm_dartree.integration.patching import ModuleGlobalSwap, Runner, VllmPatch
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
-from vllm_dartree.integration.v1.proposer import DARTreeProposer
+from vllm_dartree.integration.touchpoints import V1_RELEASES
 from vllm_dartree.step.drafting import dartree_settings
 from vllm_dartree.step.kv_mover import KvMover, LayerKv, target_layers_kv
 from vllm_dartree.step.tree_step import STEP_ATTR, TreeStep
@@ -33,17 +37,28 @@ class DFlashProposerGlobal(ModuleGlobalSwap):
 
     target = "vllm.v1.worker.gpu_model_runner"
     attribute = "DFlashProposer"
+    releases = V1_RELEASES
+    runner = Runner.V1
 
 
-class ProposerSwap(VllmPatch):
+class V1RunnerPatch(VllmPatch):
+    """A patch of vLLM's V1 ``GPUModelRunner`` (the releases that ship it)."""
+
+    target = RUNNER
+    releases = V1_RELEASES
+    runner = Runner.V1
+
+
+class ProposerSwap(V1RunnerPatch):
     """Build ``DARTreeProposer`` where the runner builds ``DFlashProposer`` for dartree, and
     give the runner its tree step."""
 
-    target = RUNNER
     attribute = "__init__"
 
     @classmethod
     def replacement(cls, original):
+        from vllm_dartree.integration.v1.proposer import DARTreeProposer
+
         @functools.wraps(original)
         def __init__(self, vllm_config, *args, **kwargs):
             if dartree_settings(vllm_config) is None:
@@ -77,10 +92,9 @@ def refuse_v2_only_target(model_config) -> None:
         f"target with attention layers only and 1-D RoPE); {SUPPORTED_TEXT}")
 
 
-class VerifyLayout(VllmPatch):
+class VerifyLayout(V1RunnerPatch):
     """After vLLM lays out the step's tokens: plan the tree verification."""
 
-    target = RUNNER
     attribute = "_prepare_inputs"
 
     @classmethod
@@ -100,10 +114,9 @@ class VerifyLayout(VllmPatch):
         return _prepare_inputs
 
 
-class DepthPositions(VllmPatch):
+class DepthPositions(V1RunnerPatch):
     """Run the target forward of a tree step with depth positions and the tree mask."""
 
-    target = RUNNER
     attribute = "_model_forward"
 
     @classmethod
@@ -129,10 +142,9 @@ def target_kv_caches(runner) -> list[LayerKv]:
                             getattr(runner.drafter, "_draft_attn_layer_names", set()))
 
 
-class TreeSampler(VllmPatch):
+class TreeSampler(V1RunnerPatch):
     """Accept tree steps with the tree verifier instead of vLLM's chain sampler."""
 
-    target = RUNNER
     attribute = "_sample"
 
     @classmethod
@@ -161,7 +173,7 @@ class TreeSampler(VllmPatch):
         return _sample
 
 
-class DrafterFitsPerRequest(VllmPatch):
+class DrafterFitsPerRequest(V1RunnerPatch):
     """Let a dartree drafter run whenever the step has drafter metadata.
 
     vLLM skips drafting for the whole batch while any request is within the drafter's query
@@ -170,7 +182,6 @@ class DrafterFitsPerRequest(VllmPatch):
     fits each request's query itself (``DARTreeProposer._fit_queries``), and the scheduler
     trims a tree to the rows that fit (ancestors first, so the trimmed tree stays a tree)."""
 
-    target = RUNNER
     attribute = "_input_fits_in_drafter"
 
     @classmethod

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import functools
 
-from vllm_dartree.integration.patching import VllmPatch
+from vllm_dartree.integration.patching import Runner, VllmPatch
+from vllm_dartree.integration.touchpoints import ALL_RELEASES
 
 COUNTS_ATTR = "dartree_draft_counts"  # on a V2 InputBatch: [num_reqs] counts, batch order
 HANDLER = "vllm.v1.worker.gpu.spec_decode.utils:DraftTokensHandler"
@@ -25,6 +26,8 @@ class DraftCountsKept(VllmPatch):
 
     target = HANDLER
     attribute = "set_draft_tokens"
+    releases = ALL_RELEASES
+    runner = Runner.V2
 
     @classmethod
     def replacement(cls, original):
@@ -43,6 +46,8 @@ class DraftCountsHandedOver(VllmPatch):
 
     target = HANDLER
     attribute = "get_draft_tokens"
+    releases = ALL_RELEASES
+    runner = Runner.V2
 
     @classmethod
     def replacement(cls, original):

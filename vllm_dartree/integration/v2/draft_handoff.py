@@ -13,7 +13,8 @@ from __future__ import annotations
 import functools
 
 from vllm_dartree.integration.draft_handoff import attach_drafts
-from vllm_dartree.integration.patching import VllmPatch
+from vllm_dartree.integration.patching import Runner, VllmPatch
+from vllm_dartree.integration.touchpoints import ALL_RELEASES
 
 V2_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
 
@@ -23,6 +24,8 @@ class DraftsWithAsyncOutput(VllmPatch):
 
     target = V2_RUNNER
     attribute = "sample_tokens"
+    releases = ALL_RELEASES
+    runner = Runner.V2
 
     @classmethod
     def replacement(cls, original):

@@ -5,7 +5,8 @@ in every process. vLLM then moves ``method="dartree"`` to ``custom_method``, set
 to this config's base method ("dflash": the drafter's config, its KV cache and the target's
 aux hidden states are DFlash's) and builds ``speculator_class``. The dartree settings are
 validated and attached by the request gate before vLLM sees the config (flat keys, or 0.34's
-``speculator_options``, which the gate unnests), so this class adds no option of its own.
+``speculator_options``, which the gate unnests), so this class adds no option of its own:
+``config.carry_settings`` says why they do not travel as vLLM's ``speculator_options``.
 """
 
 from __future__ import annotations

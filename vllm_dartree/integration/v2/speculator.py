@@ -30,7 +30,7 @@ from vllm.v1.worker.gpu.spec_decode.dflash2.speculator import DFlash2Speculator
 from vllm.v1.worker.gpu.spec_decode.lilicorr.speculator import LiLiCorrSpeculator
 
 from vllm_dartree.checkpoint import DFLASH2, LILICORR
-from vllm_dartree.config import LAYOUT_ATTR, DARTreeConfigError
+from vllm_dartree.config import DARTreeConfigError, carried_layout
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
 from vllm_dartree.integration.tensor_parallel import same_on_every_rank
 from vllm_dartree.integration.v2.draft_counts import COUNTS_ATTR
@@ -52,7 +52,7 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
         """vLLM names one speculator class for the method; a lattice drafter (DFlash2,
         LiLiCorr) gets this class built on vLLM's own speculator for it (``v2.lattice``)."""
         if cls is DARTreeSpeculator:
-            layout = getattr(vllm_config.speculative_config, LAYOUT_ATTR, None)
+            layout = carried_layout(vllm_config.speculative_config)
             if layout is not None and layout.has_lattice:
                 cls = SPECULATOR_OF_LATTICE[layout.lattice]
         return super().__new__(cls)
@@ -183,7 +183,12 @@ SPECULATOR_OF_LATTICE: dict[str, type[DARTreeSpeculator]] = {
 def install_model_state(vllm_config, target_model: torch.nn.Module, step: TreeStep) -> None:
     """vLLM builds the target's model state right after the speculator loads
     (``resolve_model_state_cls`` honours a model's ``get_model_state_cls``): ours, sharing
-    this engine's step, over the one vLLM would have chosen, asked first."""
+    this engine's step, over the one vLLM would have chosen, asked first.
+
+    Not a declared patch (``activation.declared_patches``), by design: this sets vLLM's
+    per-model hook on this engine's own target model instance. No vLLM module or class
+    changes, another engine of the process keeps its own model, and the hook goes with
+    the model, so there is nothing process-wide to revert."""
     stock = resolve_model_state_cls(vllm_config, target_model)
     setattr(target_model, STEP_ATTR, step)
     state_cls = on_top_of(stock)
