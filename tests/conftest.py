@@ -206,8 +206,8 @@ def one_core_per_rank():
     mp.undo()
 
 
-# vLLM's lattice drafters (DFlash2, LiLiCorr) for the tiny target, in vLLM's own layouts
-# (models/tiny_lattice.py), for its stock speculators (tests/v2/test_v2_lattice_stock.py).
+# vLLM's lattice drafters (DFlash2, LiLiCorr), random, for the tiny target, in vLLM's own
+# layouts (models/tiny_lattice.py): config and refusal tests (trained: tests/v2/conftest.py).
 @pytest.fixture(scope="session")
 def tiny_dflash2():
     from vllm_dartree.models.tiny_lattice import write_tiny_dflash2

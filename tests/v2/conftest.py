@@ -88,12 +88,17 @@ def float32_clear_prompts(model: str, cls: str, candidates: list[list[int]], max
     return [prompt for prompt, _ in found], [tokens for _, tokens in found]
 
 
-# Lattice drafters (DFlash2, LiLiCorr) with their targets: (target dir, drafter dir).
+# Lattice drafters (DFlash2, LiLiCorr) trained for the tiny trained target: (target dir,
+# drafter dir).
 @pytest.fixture(scope="session")
-def lattice_dflash2(tiny_target, tiny_dflash2):
-    return tiny_target, tiny_dflash2
+def lattice_dflash2():
+    from vllm_dartree.models.tiny_lattice_pair import trained_tiny_lattice_pair
+
+    return trained_tiny_lattice_pair("dflash2")
 
 
 @pytest.fixture(scope="session")
-def lattice_lilicorr(tiny_target, tiny_lilicorr):
-    return tiny_target, tiny_lilicorr
+def lattice_lilicorr():
+    from vllm_dartree.models.tiny_lattice_pair import trained_tiny_lattice_pair
+
+    return trained_tiny_lattice_pair("lilicorr")

@@ -1,11 +1,14 @@
 """`method: "dartree"` over vLLM's lattice drafters, DFlash2 and LiLiCorr, on vLLM's V2 runner
 (the CUDA-path lane: vLLM's TRITON_ATTN, the plugin's Triton tree attention and KV mover,
-all in Triton's interpreter; float32).
+all in Triton's interpreter; float32), on drafters trained for the tiny trained target
+(``models/tiny_lattice_pair.py``: one z-lab backbone, each lattice head trained on it).
 
-- Every variant over each lattice equals target-only decoding (greedy and seeded T > 0).
 - The dartree chain drafts what vLLM's own speculator for the checkpoint drafts (its greedy
-  selector walk): the same draft tokens at every step, for every request.
-- TP=2: one variant per family.
+  selector walk): the same draft tokens at every step, for every request; vLLM loads every
+  weight of the checkpoint and its output equals target-only.
+- Every variant over each lattice equals target-only decoding (greedy; seeded T > 0 on the
+  pruned tree), and the trees accept more than the chain.
+- TP=2: the pruned tree of each family.
 """
 
 from __future__ import annotations
@@ -15,15 +18,22 @@ import json
 import pytest
 import torch
 from conftest import v1_target_only
+from safetensors import safe_open
 
 from vllm_dartree.harness.engine import drafter_of, generate_ids, spec_decode_counters
 from vllm_dartree.models.tiny import random_prompts
+from vllm_dartree.models.tiny_lattice_pair import NUM_SPECULATIVE_TOKENS
 
 LANE = {"attention_backend": "TRITON_ATTN", "max_num_seqs": 8, "max_num_batched_tokens": 1024}
 TP2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
-MAX_TOKENS = 24
-DEPTHS = 7  # vLLM's own speculator runs N = 7 < the drafters' block (LiLiCorr requires it)
+MAX_TOKENS = 32
+DEPTHS = NUM_SPECULATIVE_TOKENS  # the drafters' block less the root: vLLM's own runs N = 8
 FAMILIES = ["dflash2", "lilicorr"]
+# Drafter parameters a checkpoint without embed_tokens / lm_head does not hold (vLLM shares
+# the target's; mask_embedding is only for a mask_embedding.pt), and vLLM's stacked names.
+SHARED = {"model.embed_tokens.weight", "lm_head.weight", "model.mask_embedding"}
+STACKED = {".q_proj.": ".qkv_proj.", ".k_proj.": ".qkv_proj.", ".v_proj.": ".qkv_proj.",
+           ".gate_proj.": ".gate_up_proj.", ".up_proj.": ".gate_up_proj."}
 
 
 def greedy():
@@ -97,6 +107,16 @@ def test_a_lattice_drafter_corrects_with_its_own_k(request, family, key):
         engine_config(target, dartree(drafter, top_k=top_k + 1))
 
 
+def loaded_names(drafter) -> set[str]:
+    """The drafter model's parameter names the checkpoint's tensors load into (the
+    backbone's under ``model.``, q/k/v and gate/up stacked; the LiLiCorr head's as named)."""
+    with safe_open(str(drafter / "model.safetensors"), "pt") as f:
+        names = {"model." + name for name in f.keys()}
+    for old, new in STACKED.items():
+        names = {n if n.startswith("model.lilicorr.") else n.replace(old, new) for n in names}
+    return names
+
+
 class DraftRecorder:
     """The draft tokens a speculator's ``propose`` returns, step by step (in-process)."""
 
@@ -125,6 +145,10 @@ def test_the_dartree_chain_drafts_vllms_selector_walk(engines, lattice_pair, pro
         "method": "dflash", "model": str(drafter), "num_speculative_tokens": DEPTHS})
     assert type(drafter_of(stock)).__name__ == {"dflash2": "DFlash2Speculator",
                                                  "lilicorr": "LiLiCorrSpeculator"}[family]
+    # vLLM's DFlash2 loader does not check coverage: every drafter weight is the checkpoint's
+    params = {name for name, _ in drafter_of(stock).model.named_parameters(
+        remove_duplicate=False)}
+    assert params - SHARED == loaded_names(drafter)
     walk = DraftRecorder(stock, monkeypatch)
     assert generate_ids(stock, prompts, greedy()) == reference[0]
     walk_counts = spec_decode_counters(stock)
@@ -142,6 +166,7 @@ def test_the_dartree_chain_drafts_vllms_selector_walk(engines, lattice_pair, pro
     for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
                 "num_accepted_tokens_per_pos"):
         assert counts[key] == walk_counts[key], key
+    assert counts["num_accepted_tokens"] / counts["num_drafts"] > 1.0, counts  # trained
 
 
 VARIANTS = [
@@ -162,10 +187,12 @@ def test_every_variant_over_a_lattice_matches_target_only(engines, lattice_pair,
     llm = engines.get(model=str(target), **LANE, speculative_config=dartree(drafter,
                                                                               **settings))
     assert generate_ids(llm, prompts, greedy()) == reference[0]
+    counters = spec_decode_counters(llm)
+    tau = 1 + counters["num_accepted_tokens"] / counters["num_drafts"]
+    print(f"{name}: tau = {tau:.2f} (greedy)")
+    assert tau > 1.5, counters  # the trained lattice's drafts are accepted
     if name == "pruned":
         assert generate_ids(llm, prompts, seeded(len(prompts))) == reference[1]
-    counters = spec_decode_counters(llm)
-    print(f"{name}: tau = {1 + counters['num_accepted_tokens'] / counters['num_drafts']:.2f}")
 
 
 @pytest.mark.e2e

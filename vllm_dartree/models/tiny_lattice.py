@@ -20,17 +20,14 @@ writer caches its output under ``.cache/models/tiny/`` keyed by its spec, as tin
 The lattice weights are large enough that the walk is not degenerate: DFlash2's edge term
 (codebooks N(0, 1), hidden projection N(0, selector_std^2)) is of the unary logits' scale, so
 the best successor changes with the predecessor; LiLiCorr's scores are cosines times
-``lilicorr_logit_scale``. The target is near-chaotic (nothing to predict from a random
-drafter), so the writers fit a frequency prior: the final norm weight makes the mask rows'
-top-4 candidates the 4 tokens the target emits most (measured on prompts of another seed:
-about 4% of its greedy tokens); the walk then picks among them by the previous token / the
-lattice, so a few drafts are accepted.
+``lilicorr_logit_scale``. Random drafters for a random target draft almost nothing the
+target accepts: they serve the config, loading and refusal tests; acceptance is measured on
+the trained pair (``models/tiny_lattice_pair.py``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,11 +71,6 @@ class LatticeSpec:
     lilicorr_logit_scale: float = 8.0
     lilicorr_vector_eps: float = 1e-6
     lilicorr_std: float = 0.2
-    # A frequency prior (see :func:`frequent_target_tokens`): the backbone's final norm weight
-    # is fitted so that, for the mask rows, the target's lm_head ranks these tokens first
-    # (the candidates); empty: tiny.py's norm weight (ones).
-    prior_tokens: tuple[int, ...] = ()
-    prior_logit: float = 5.0  # the fitted logits' mean magnitude scale
     seed: int = 7
 
     @property
@@ -198,82 +190,11 @@ def lilicorr_weights(spec: LatticeSpec, gen: torch.Generator) -> dict[str, torch
     return {f"lilicorr.{name}": tensor for name, tensor in w.items()}
 
 
-def frequent_target_tokens(target: TargetSpec, count: int = 4, prompts: int = 120,
-                           max_tokens: int = 32, seed: int = 1000) -> tuple[int, ...]:
-    """The ``count`` tokens the target emits most often in greedy decoding of random prompts
-    (float32 transformers; prompts of a seed of their own, not the tests')."""
-    import collections
-
-    import transformers
-
-    from vllm_dartree.models.tiny import random_prompts, write_target
-
-    model = transformers.Qwen3ForCausalLM.from_pretrained(
-        str(write_target(target)), torch_dtype=torch.float32).eval()
-    counts: collections.Counter[int] = collections.Counter()
-    with torch.no_grad():
-        for prompt in random_prompts(prompts, target.vocab_size, seed=seed, min_len=3,
-                                     max_len=40):
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens,
-                                 do_sample=False, eos_token_id=None, pad_token_id=0)
-            counts.update(out[0, len(prompt):].tolist())
-    return tuple(sorted(t for t, _ in counts.most_common(count)))
-
-
-def cached_frequent_target_tokens(target: TargetSpec) -> tuple[int, ...]:
-    """:func:`frequent_target_tokens` with the defaults, in a child process (after a vLLM
-    CPU engine ran, this process's OpenMP threads are bound and a transformers forward is
-    many times slower), cached beside the models."""
-    import hashlib
-    import subprocess
-    import sys
-    from dataclasses import asdict
-
-    from vllm_dartree.env import cache_dir
-
-    key = hashlib.sha256(json.dumps(asdict(target), sort_keys=True).encode()).hexdigest()[:12]
-    path = cache_dir() / "models" / "tiny" / f"frequent-tokens-{key}.json"
-    if not path.exists():
-        script = ("import json, sys\n"
-                  "from vllm_dartree.models.tiny import TargetSpec\n"
-                  "from vllm_dartree.models.tiny_lattice import frequent_target_tokens\n"
-                  "print('RESULT' + json.dumps(frequent_target_tokens("
-                  "TargetSpec(**json.loads(sys.argv[1])))))\n")
-        out = subprocess.run([sys.executable, "-c", script, json.dumps(asdict(target))],
-                             capture_output=True, text=True, check=True, timeout=900)
-        (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(line.removeprefix("RESULT"))
-        os.replace(tmp, path)
-    return tuple(json.loads(path.read_text()))
-
-
-def prior_norm_weight(spec: LatticeSpec) -> torch.Tensor:
-    """The final norm weight w for which lm_head @ (rmsnorm(embed[mask]) * w) (what a mask
-    row's hidden is when the layers add little) puts ``spec.prior_tokens`` first: the least
-    squares fit to logits 1 there and 0 elsewhere, scaled to ``prior_logit``."""
-    from safetensors.torch import load_file
-
-    from vllm_dartree.models.tiny import write_target
-
-    target = load_file(str(write_target(spec.target) / "model.safetensors"))
-    mask = target["model.embed_tokens.weight"][spec.backbone.mask_token_id]
-    normed = mask / mask.pow(2).mean().add(1e-6).sqrt()
-    design = target["lm_head.weight"] * normed
-    wanted = torch.zeros(spec.target.vocab_size)
-    wanted[list(spec.prior_tokens)] = 1.0
-    fit = torch.linalg.lstsq(design, wanted[:, None]).solution[:, 0]
-    return fit * spec.prior_logit / fit.abs().mean()
-
-
 def lattice_weights(spec: LatticeSpec) -> dict[str, torch.Tensor]:
     """The backbone's weights (tiny.py's DFlash drafter) plus the format's own."""
     if spec.backbone.domino or spec.backbone.dspark or spec.backbone.text_weight_prefix:
         raise ValueError("a lattice drafter's backbone is a plain z-lab DFlash one")
     weights = drafter_weights(spec.backbone)
-    if spec.prior_tokens:
-        weights["norm.weight"] = prior_norm_weight(spec)
     gen = torch.Generator().manual_seed(spec.seed)
     if spec.has_conv:
         weights |= conv_weights(spec, gen)
@@ -302,7 +223,6 @@ def write_tiny_dflash2(target_spec: TargetSpec | None = None, *, block_size: int
     are :class:`LatticeSpec` fields."""
     target_spec = target_spec or TargetSpec()
     backbone = DrafterSpec(target=target_spec, block_size=block_size)
-    settings.setdefault("prior_tokens", cached_frequent_target_tokens(target_spec))
     return write_lattice(LatticeSpec(backbone=backbone, lilicorr=False, **settings))
 
 
@@ -312,5 +232,4 @@ def write_tiny_lilicorr(target_spec: TargetSpec | None = None, *, block_size: in
     1 <= num_speculative_tokens < ``block_size``."""
     target_spec = target_spec or TargetSpec()
     backbone = DrafterSpec(target=target_spec, block_size=block_size)
-    settings.setdefault("prior_tokens", cached_frequent_target_tokens(target_spec))
     return write_lattice(LatticeSpec(backbone=backbone, lilicorr=True, **settings))
