@@ -1,14 +1,19 @@
 """`method: "dartree"` over vLLM's lattice drafters, DFlash2 and LiLiCorr, on vLLM's V2 runner
-(the CUDA-path lane: vLLM's TRITON_ATTN, the plugin's Triton tree attention and KV mover,
-all in Triton's interpreter; float32), on drafters trained for the tiny trained target
-(``models/tiny_lattice_pair.py``: one z-lab backbone, each lattice head trained on it).
+(vLLM's kernels in Triton's interpreter, float32), on drafters trained for the tiny trained
+target (``models/tiny_lattice_pair.py``: one z-lab backbone, each lattice head trained on it).
+The target's tree attention is vLLM's CPU backend here: these tests vary the drafter, whose
+side is the same on every attention path (the CUDA-path lane, ``test_v2_cuda_path.py``,
+runs every tree on vLLM's TRITON_ATTN).
 
 - The dartree chain drafts what vLLM's own speculator for the checkpoint drafts (its greedy
   selector walk): the same draft tokens at every step, for every request; vLLM loads every
   weight of the checkpoint and its output equals target-only.
 - Every variant over each lattice equals target-only decoding (greedy; seeded T > 0 on the
-  pruned tree), and the trees accept more than the chain.
-- TP=2: the pruned tree of each family.
+  pruned trees), and its drafts are accepted. The builders over a lattice are the same for
+  both families (``tree/lattice.py``, against references in ``tests/tree/
+  test_tree_lattice.py``); what differs by family is vLLM's lattice: DFlash2 runs every
+  variant, LiLiCorr the pruned tree and the adaptive budget.
+- TP=2: DFlash2's pruned tree, LiLiCorr's adaptive one.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from vllm_dartree.harness.engine import drafter_of, generate_ids, spec_decode_co
 from vllm_dartree.models.tiny import random_prompts
 from vllm_dartree.models.tiny_lattice_pair import NUM_SPECULATIVE_TOKENS
 
-LANE = {"attention_backend": "TRITON_ATTN", "max_num_seqs": 8, "max_num_batched_tokens": 1024}
+BATCH = {"max_num_seqs": 8, "max_num_batched_tokens": 1024}
 TP2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
 MAX_TOKENS = 32
 DEPTHS = NUM_SPECULATIVE_TOKENS  # the drafters' block less the root: vLLM's own runs N = 8
@@ -55,27 +60,30 @@ def dartree(drafter, **settings):
     return {"method": "dartree", "model": str(drafter), **settings}
 
 
+@pytest.fixture(scope="module")
+def target(lattice_dflash2, lattice_lilicorr):
+    assert lattice_dflash2[0] == lattice_lilicorr[0]  # one trained target: one reference
+    return lattice_dflash2[0]
+
+
 @pytest.fixture(scope="module", params=FAMILIES)
 def lattice_pair(request):
-    """(family, target dir, drafter dir) of a lattice drafter for its target."""
-    return (request.param, *request.getfixturevalue(f"lattice_{request.param}"))
+    """(family, drafter dir) of a lattice drafter for ``target``."""
+    return request.param, request.getfixturevalue(f"lattice_{request.param}")[1]
 
 
 @pytest.fixture(scope="module")
-def prompts(lattice_pair):
-    _, target, _ = lattice_pair
+def prompts(target):
     vocab = json.loads((target / "config.json").read_text())["vocab_size"]
     return random_prompts(6, vocab, seed=17, min_len=3, max_len=24)
 
 
 @pytest.fixture(scope="module")
-def reference(engines, lattice_pair, prompts):
-    """Target-only output on the lane, greedy (equal to V1's) and seeded."""
-    _, target, _ = lattice_pair
-    llm = engines.get(model=str(target), **LANE)
+def reference(engines, target, prompts):
+    """Target-only output, greedy (equal to V1's) and seeded."""
+    llm = engines.get(model=str(target), **BATCH)
     expected = generate_ids(llm, prompts, greedy())
-    cpu = {k: v for k, v in LANE.items() if k != "attention_backend"}
-    assert expected == v1_target_only(str(target), prompts, MAX_TOKENS, cpu)
+    assert expected == v1_target_only(str(target), prompts, MAX_TOKENS, BATCH)
     return expected, generate_ids(llm, prompts, seeded(len(prompts)))
 
 
@@ -135,13 +143,13 @@ class DraftRecorder:
 
 
 @pytest.mark.e2e
-def test_the_dartree_chain_drafts_vllms_selector_walk(engines, lattice_pair, prompts,
+def test_the_dartree_chain_drafts_vllms_selector_walk(engines, target, lattice_pair, prompts,
                                                        reference, monkeypatch):
     """vLLM's own speculator for the checkpoint (DFlash2Speculator / LiLiCorrSpeculator,
     method "dflash") against dartree's chain over the same lattice at the same depths: the
     same drafts at every step, the same accepted counts per position, the same output."""
-    family, target, drafter = lattice_pair
-    stock = engines.get(model=str(target), **LANE, speculative_config={
+    family, drafter = lattice_pair
+    stock = engines.get(model=str(target), **BATCH, speculative_config={
         "method": "dflash", "model": str(drafter), "num_speculative_tokens": DEPTHS})
     assert type(drafter_of(stock)).__name__ == {"dflash2": "DFlash2Speculator",
                                                  "lilicorr": "LiLiCorrSpeculator"}[family]
@@ -153,7 +161,7 @@ def test_the_dartree_chain_drafts_vllms_selector_walk(engines, lattice_pair, pro
     assert generate_ids(stock, prompts, greedy()) == reference[0]
     walk_counts = spec_decode_counters(stock)
 
-    ours = engines.get(model=str(target), **LANE, speculative_config=dartree(
+    ours = engines.get(model=str(target), **BATCH, speculative_config=dartree(
         drafter, tree="chain", num_speculative_tokens=DEPTHS))
     assert type(drafter_of(ours)).__name__ == {"dflash2": "DARTreeDFlash2Speculator",
                                                "lilicorr": "DARTreeLiLiCorrSpeculator"}[family]
@@ -169,22 +177,24 @@ def test_the_dartree_chain_drafts_vllms_selector_walk(engines, lattice_pair, pro
     assert counts["num_accepted_tokens"] / counts["num_drafts"] > 1.0, counts  # trained
 
 
-VARIANTS = [
-    ("pruned", {"num_speculative_tokens": 16, "width": 4}),
-    ("fixed", {"tree": "fixed", "num_speculative_tokens": 16}),
-    ("ddtree", {"tree": "ddtree", "num_speculative_tokens": 16}),
-    ("chain-without-lattice", {"tree": "chain", "correction": False,
-                               "num_speculative_tokens": 15}),
-    ("adaptive", {"num_speculative_tokens": 16, "budget_policy": "adaptive"}),
-]
+VARIANTS = {
+    "pruned": {"num_speculative_tokens": 16, "width": 4},
+    "fixed": {"tree": "fixed", "num_speculative_tokens": 16},
+    "ddtree": {"tree": "ddtree", "num_speculative_tokens": 16},
+    "adaptive": {"num_speculative_tokens": 16, "budget_policy": "adaptive"},
+}
+RUNS = [("dflash2", name) for name in VARIANTS] + [("lilicorr", "pruned"),
+                                                   ("lilicorr", "adaptive")]
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize(("name", "settings"), VARIANTS, ids=[v[0] for v in VARIANTS])
-def test_every_variant_over_a_lattice_matches_target_only(engines, lattice_pair, prompts,
-                                                          reference, name, settings):
-    _, target, drafter = lattice_pair
-    llm = engines.get(model=str(target), **LANE, speculative_config=dartree(drafter,
+@pytest.mark.parametrize(("lattice_pair", "name"), RUNS, indirect=["lattice_pair"],
+                         ids=[f"{family}-{name}" for family, name in RUNS])
+def test_every_variant_over_a_lattice_matches_target_only(engines, target, lattice_pair,
+                                                          prompts, reference, name):
+    _, drafter = lattice_pair
+    settings = VARIANTS[name]
+    llm = engines.get(model=str(target), **BATCH, speculative_config=dartree(drafter,
                                                                               **settings))
     assert generate_ids(llm, prompts, greedy()) == reference[0]
     counters = spec_decode_counters(llm)
@@ -196,8 +206,12 @@ def test_every_variant_over_a_lattice_matches_target_only(engines, lattice_pair,
 
 
 @pytest.mark.e2e
-def test_a_lattice_tree_at_tp2(engines, lattice_pair, prompts, reference, one_core_per_rank):
-    _, target, drafter = lattice_pair
-    llm = engines.get(model=str(target), **LANE, **TP2, speculative_config=dartree(
-        drafter, num_speculative_tokens=16, width=4))
+def test_a_lattice_tree_at_tp2(engines, target, lattice_pair, prompts, reference,
+                               one_core_per_rank):
+    """Two ranks, one core each: vLLM's vocab-parallel candidates (its top-k gathers ids
+    across ranks), each rank's lattice and trees the same."""
+    family, drafter = lattice_pair
+    settings = VARIANTS["pruned" if family == "dflash2" else "adaptive"]
+    llm = engines.get(model=str(target), **BATCH, **TP2,
+                      speculative_config=dartree(drafter, **settings))
     assert generate_ids(llm, prompts, greedy()) == reference[0]
