@@ -178,18 +178,13 @@ def test_greedy_walk_follows_rows():
 # ------------------------------------------------------------------------ export
 @pytest.mark.parametrize("kind", [DFLASH2, LILICORR])
 def test_export_is_vllms_layout(target, tmp_path, kind):
-    """config.json and weight names/shapes equal tiny_lattice.py's writers' (vLLM's loader
-    names); the export loads back to the same lattice."""
+    """The trained export's weight names and shapes equal the random fixtures' (vLLM's
+    loader names) and its config is theirs; the export loads back to the same lattice."""
     model = zlab_drafter(target)
     cfg = LatticeHeadConfig(kind=DFLASH2) if kind == DFLASH2 else lilicorr_config()
     head = randomise(new_head(cfg, model.arch), 2)
     out = export_lattice(model, head, cfg, tmp_path / kind)
-    spec = tl.LatticeSpec(
-        backbone=zlab_spec(), lilicorr=kind == LILICORR, selector_rank=cfg.selector_rank,
-        selector_top_k=cfg.top_k, conv_kernel_size=cfg.conv_kernel_size if cfg.has_conv else 0,
-        conv_group_size=cfg.conv_group_size if cfg.has_conv else 0,
-        lilicorr_hidden_size=cfg.lilicorr_hidden_size, lilicorr_factor_dim=cfg.lilicorr_factor_dim,
-        lilicorr_candidate_topk=cfg.top_k, lilicorr_logit_scale=cfg.lilicorr_logit_scale)
+    spec = tl.LatticeSpec(backbone=zlab_spec(), head=cfg)  # the random fixtures' writer
     config = json.loads((out / "config.json").read_text())
     assert config == tl.lattice_config(spec)
     layout = DrafterLayout.from_config(config)

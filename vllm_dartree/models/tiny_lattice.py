@@ -34,42 +34,28 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from vllm_dartree.checkpoint import DFLASH2, LILICORR
 from vllm_dartree.models.tiny import (
     DrafterSpec,
     TargetSpec,
     _cached_dir,
     _normal,
-    drafter_config,
+    drafter_layout,
     drafter_weights,
 )
-
-DFLASH2_ARCHITECTURE = "DFlash2DraftModel"
-LILICORR_ARCHITECTURE = "LiLiCorrDraftModel"
+from vllm_dartree.training.lattice import LatticeHeadConfig
+from vllm_dartree.training.lattice import lattice_config as head_lattice_config
 
 
 @dataclass(frozen=True)
 class LatticeSpec:
-    """A DFlash2 or LiLiCorr drafter for ``backbone.target``."""
+    """A random DFlash2 or LiLiCorr drafter of shape ``head`` for ``backbone.target``."""
 
     backbone: DrafterSpec = field(default_factory=DrafterSpec)
-    lilicorr: bool = False
-    # The grouped convolution (DFlash2 always; LiLiCorr when both are > 0).
-    conv_kernel_size: int = 3
-    conv_group_size: int = 32
+    # The format and its shapes (the trainer's own description: one place for both).
+    head: LatticeHeadConfig = field(default_factory=LatticeHeadConfig)
     conv_std: float = 0.1
-    # DFlash2's candidate selector.
-    selector_rank: int = 16
-    selector_top_k: int = 4
     selector_std: float = 0.07  # edge std ~ 44 * selector_std at rank 16, H 128: ~3
-    # LiLiCorr's correlator.
-    lilicorr_hidden_size: int = 64
-    lilicorr_num_heads: int = 2
-    lilicorr_num_layers: int = 1
-    lilicorr_mlp_ratio: float = 2.0
-    lilicorr_factor_dim: int = 16
-    lilicorr_candidate_topk: int = 4
-    lilicorr_logit_scale: float = 8.0
-    lilicorr_vector_eps: float = 1e-6
     lilicorr_std: float = 0.2
     seed: int = 7
 
@@ -77,52 +63,21 @@ class LatticeSpec:
     def target(self) -> TargetSpec:
         return self.backbone.target
 
-    @property
-    def has_conv(self) -> bool:
-        return self.conv_kernel_size > 0 and self.conv_group_size > 0
-
-    @property
-    def kind(self) -> str:
-        return "lilicorr" if self.lilicorr else "dflash2"
-
 
 def lattice_config(spec: LatticeSpec) -> dict:
-    """config.json: tiny.py's DFlash config (block_size top-level, mask_token_id and
-    target_layer_ids under dflash_config) with the format's architecture and keys."""
-    config = drafter_config(spec.backbone)
-    dflash = config["dflash_config"]
-    # LiLiCorr reads dflash_config.block_size before the top-level one: both say the same.
-    dflash["block_size"] = spec.backbone.block_size
-    if spec.has_conv:
-        dflash |= {"conv_kernel_size": spec.conv_kernel_size,
-                   "conv_group_size": spec.conv_group_size}
-    if spec.lilicorr:
-        config["architectures"] = [LILICORR_ARCHITECTURE]
-        dflash |= {
-            "lilicorr_enabled": True,
-            "lilicorr_hidden_size": spec.lilicorr_hidden_size,
-            "lilicorr_num_heads": spec.lilicorr_num_heads,
-            "lilicorr_num_layers": spec.lilicorr_num_layers,
-            "lilicorr_mlp_ratio": spec.lilicorr_mlp_ratio,
-            "lilicorr_factor_dim": spec.lilicorr_factor_dim,
-            "lilicorr_candidate_topk": spec.lilicorr_candidate_topk,
-            "lilicorr_logit_scale": spec.lilicorr_logit_scale,
-            "lilicorr_vector_eps": spec.lilicorr_vector_eps,
-        }
-    else:
-        config["architectures"] = [DFLASH2_ARCHITECTURE]
-        dflash |= {"selector_rank": spec.selector_rank, "selector_top_k": spec.selector_top_k}
-    return config
+    """config.json: the backbone's z-lab config with the format's architecture and keys."""
+    return head_lattice_config(drafter_layout(spec.backbone), spec.head)
 
 
 def conv_weights(spec: LatticeSpec, gen: torch.Generator) -> dict[str, torch.Tensor]:
     """Each layer's two DFlashGroupedConv: tap 0 of the base kernel near 1 (the identity),
     the later taps and the per-row kernel projection small, so the backbone's signal stays
     and every row still mixes in the rows before it in its block."""
-    hidden, taps = spec.target.hidden_size, spec.conv_kernel_size
-    groups = hidden // spec.conv_group_size
-    if hidden % spec.conv_group_size:
-        raise ValueError(f"conv_group_size {spec.conv_group_size} must divide {hidden}")
+    hidden, taps, group = (spec.target.hidden_size, spec.head.conv_kernel_size,
+                           spec.head.conv_group_size)
+    if hidden % group:
+        raise ValueError(f"conv_group_size {group} must divide {hidden}")
+    groups = hidden // group
     weights = {}
     for i in range(spec.backbone.num_hidden_layers):
         for conv in ("attention_conv", "mlp_conv"):
@@ -137,7 +92,8 @@ def conv_weights(spec: LatticeSpec, gen: torch.Generator) -> dict[str, torch.Ten
 def selector_weights(spec: LatticeSpec, gen: torch.Generator) -> dict[str, torch.Tensor]:
     """DFlash2's CandidateSelector: scores[p, c] = unary[c] + sum_r pred[prev_p, r] *
     (W h)[r] * succ[c, r]."""
-    vocab, hidden, rank = spec.target.vocab_size, spec.target.hidden_size, spec.selector_rank
+    vocab, hidden, rank = (spec.target.vocab_size, spec.target.hidden_size,
+                           spec.head.selector_rank)
     return {
         "candidate_selector.predecessor_codebook": _normal(gen, 1.0, vocab, rank),
         "candidate_selector.successor_codebook": _normal(gen, 1.0, vocab, rank),
@@ -155,10 +111,9 @@ def _linear(gen: torch.Generator, std: float, prefix: str, out: int, inp: int,
 def lilicorr_weights(spec: LatticeSpec, gen: torch.Generator) -> dict[str, torch.Tensor]:
     """LiLiCorrHead's parameters by the names its loader reads (``lilicorr.`` + the head's
     own names; ReplicatedLinear and the NemotronH MLPs carry biases)."""
-    model_hidden = spec.target.hidden_size
-    h = spec.lilicorr_hidden_size or model_hidden
-    heads, block, topk = spec.lilicorr_num_heads, spec.backbone.block_size, \
-        spec.lilicorr_candidate_topk
+    model_hidden, shape = spec.target.hidden_size, spec.head
+    h = shape.lilicorr_hidden_size or model_hidden
+    heads, block, topk = shape.lilicorr_num_heads, spec.backbone.block_size, shape.top_k
     std, features = spec.lilicorr_std, 5
     w: dict[str, torch.Tensor] = {}
     if h != model_hidden:
@@ -174,8 +129,8 @@ def lilicorr_weights(spec: LatticeSpec, gen: torch.Generator) -> dict[str, torch
         "same_slot_bias": _normal(gen, 0.5, heads),
     }
     w |= _linear(gen, std * 4, "context_proj", h, model_hidden)
-    mlp = int(h * spec.lilicorr_mlp_ratio)
-    for i in range(spec.lilicorr_num_layers):
+    mlp = int(h * shape.lilicorr_mlp_ratio)
+    for i in range(shape.lilicorr_num_layers):
         p = f"layers.{i}"
         w |= {f"{p}.attn_norm.weight": torch.ones(h), f"{p}.mlp_norm.weight": torch.ones(h),
               f"{p}.attn.in_proj_weight": _normal(gen, std, 3 * h, h),
@@ -186,7 +141,7 @@ def lilicorr_weights(spec: LatticeSpec, gen: torch.Generator) -> dict[str, torch
     w |= {"output_norm.weight": torch.ones(h), "anchor_norm.weight": torch.ones(h)}
     w |= _linear(gen, std * 4, "factor_input_proj", h, 3 * h)
     for head in ("out_head", "in_head", "anchor_out_head"):
-        w |= _linear(gen, std * 4, head, spec.lilicorr_factor_dim, h)
+        w |= _linear(gen, std * 4, head, shape.lilicorr_factor_dim, h)
     return {f"lilicorr.{name}": tensor for name, tensor in w.items()}
 
 
@@ -196,12 +151,9 @@ def lattice_weights(spec: LatticeSpec) -> dict[str, torch.Tensor]:
         raise ValueError("a lattice drafter's backbone is a plain z-lab DFlash one")
     weights = drafter_weights(spec.backbone)
     gen = torch.Generator().manual_seed(spec.seed)
-    if spec.has_conv:
+    if spec.head.has_conv:
         weights |= conv_weights(spec, gen)
-    if spec.lilicorr:
-        topk = spec.lilicorr_candidate_topk
-        if topk <= 0 or topk > 16 or topk & (topk - 1):
-            raise ValueError("LiLiCorr's candidate top-k is a power of two <= 16")
+    if spec.head.kind == LILICORR:
         weights |= lilicorr_weights(spec, gen)
     else:
         weights |= selector_weights(spec, gen)
@@ -214,22 +166,23 @@ def write_lattice(spec: LatticeSpec) -> Path:
         save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
         (out / "config.json").write_text(json.dumps(lattice_config(spec), indent=2))
 
-    return _cached_dir(spec.kind, spec, write)
+    return _cached_dir(spec.head.kind, spec, write)
 
 
-def write_tiny_dflash2(target_spec: TargetSpec | None = None, *, block_size: int = 16,
-                       **settings) -> Path:
-    """A random DFlash2 drafter (``DFlash2DraftModel``) for ``target_spec``; ``settings``
-    are :class:`LatticeSpec` fields."""
-    target_spec = target_spec or TargetSpec()
-    backbone = DrafterSpec(target=target_spec, block_size=block_size)
-    return write_lattice(LatticeSpec(backbone=backbone, lilicorr=False, **settings))
+def write_tiny_lattice(kind: str, target_spec: TargetSpec | None = None, *,
+                       block_size: int = 16, **shape) -> Path:
+    """A random ``kind`` (DFLASH2 or LILICORR) drafter for ``target_spec`` (``shape``:
+    :class:`LatticeHeadConfig` fields); serve a LiLiCorr one with 1 <= num_speculative_tokens
+    < ``block_size``."""
+    backbone = DrafterSpec(target=target_spec or TargetSpec(), block_size=block_size)
+    head = LatticeHeadConfig(kind=kind, **({"lilicorr_conv": True} if kind == LILICORR else {})
+                             | shape)
+    return write_lattice(LatticeSpec(backbone=backbone, head=head))
 
 
-def write_tiny_lilicorr(target_spec: TargetSpec | None = None, *, block_size: int = 16,
-                        **settings) -> Path:
-    """A random LiLiCorr drafter (``LiLiCorrDraftModel``) for ``target_spec``; serve it with
-    1 <= num_speculative_tokens < ``block_size``."""
-    target_spec = target_spec or TargetSpec()
-    backbone = DrafterSpec(target=target_spec, block_size=block_size)
-    return write_lattice(LatticeSpec(backbone=backbone, lilicorr=True, **settings))
+def write_tiny_dflash2(target_spec: TargetSpec | None = None, **settings) -> Path:
+    return write_tiny_lattice(DFLASH2, target_spec, **settings)
+
+
+def write_tiny_lilicorr(target_spec: TargetSpec | None = None, **settings) -> Path:
+    return write_tiny_lattice(LILICORR, target_spec, **settings)
