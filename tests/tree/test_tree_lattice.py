@@ -131,6 +131,16 @@ def test_sequential_over_a_lattice_equals_pruned_with_width_budget():
             assert_same_paths(node_paths(sequential, r), node_paths(pruned, r))
 
 
+@pytest.mark.parametrize("variant", ["chain", "fixed", "pruned", "sequential"])
+def test_trees_over_a_lattice_read_no_base_logits(variant):
+    lattice, base, roots = make_lattice(5, 2, 4, 3)
+    kwargs = dict(budget=10, width=3, lattice=lattice)
+    assert torch.equal(build_tree(variant, None, None, roots, None, **kwargs).tokens,
+                       build_tree(variant, base, None, roots, None, **kwargs).tokens)
+    with pytest.raises(ValueError, match="'ddtree' reads base_logits"):
+        build_tree("ddtree", None, None, roots, None, **kwargs)
+
+
 def test_ddtree_reads_the_base_logits_not_the_lattice():
     lattice, base, roots = make_lattice(3, 2, 4, 4)
     with_lattice = build_tree("ddtree", base, None, roots, None, budget=10, lattice=lattice)

@@ -197,12 +197,14 @@ class TreeDrafting:
         With a fixed budget the tree comes depth-first (see ``tree.depth_first``)."""
         num_reqs, depths, hidden = depth_hidden.shape
         variant = "chain" if chain else self.settings.tree
+        base_logits = vocab_ids = lattice = None
         with StepProfile.phase("drafter_logits", self.device):
-            base_logits, vocab_ids = self.depth_logits(
-                depth_hidden.reshape(-1, hidden), min_columns=max(self.top_k, self.budget))
-            base_logits = base_logits.view(num_reqs, depths, -1).float()
-            lattice = (self.depth_lattice(depth_hidden, root_tokens)
-                       if self.use_lattice and variant != "ddtree" else None)
+            if self.use_lattice and variant != "ddtree":  # no logits over the vocabulary
+                lattice = self.depth_lattice(depth_hidden, root_tokens)
+            else:
+                base_logits, vocab_ids = self.depth_logits(
+                    depth_hidden.reshape(-1, hidden), min_columns=max(self.top_k, self.budget))
+                base_logits = base_logits.view(num_reqs, depths, -1).float()
         with StepProfile.phase("tree_build", self.device):
             tree = build_tree(
                 variant, base_logits, depth_hidden.float(), root_tokens.to(torch.int64),

@@ -37,7 +37,7 @@ SMALL_SORT = 4096
 @torch.no_grad()  # trees are data: never build autograd graphs through the head weights
 def build_tree(
     variant: str,
-    base_logits: torch.Tensor,
+    base_logits: torch.Tensor | None,
     draft_hidden: torch.Tensor | None,
     root_tokens: torch.Tensor,
     head: CorrectionHead | None,
@@ -72,11 +72,14 @@ def build_tree(
 
     ``lattice`` (the drafter's own, ``head`` None): ``chain``, ``fixed``, ``pruned`` and
     ``sequential`` grow over its candidates, each node's children scored by its own row
-    (``top_k`` is the lattice's K); ``ddtree`` still reads ``base_logits``.
+    (``top_k`` is the lattice's K); they read no ``base_logits`` (None allowed), ``ddtree``
+    reads only those.
     """
     if lattice is not None:
-        _validate_lattice(lattice, base_logits, head)
+        _validate_lattice(variant, lattice, base_logits, head)
         top_k = lattice.top_k
+        if base_logits is None:  # only its shape is read: the lattice's rows stand in
+            base_logits = lattice.transitions[:, :, 0]
     _validate(variant, base_logits, draft_hidden, root_tokens, head, budget, top_k, width,
               depth_bonus)
     if vocab_ids is not None and tuple(vocab_ids.shape) != (base_logits.shape[-1],):
@@ -170,10 +173,14 @@ def _validate(variant, base_logits, draft_hidden, root_tokens, head, budget, top
                              f"{list(draft_hidden.shape)}")
 
 
-def _validate_lattice(lattice: Lattice, base_logits: torch.Tensor,
+def _validate_lattice(variant: str, lattice: Lattice, base_logits: torch.Tensor | None,
                       head: CorrectionHead | None) -> None:
     if head is not None:
         raise ValueError("a lattice replaces the correction head: give one of them, not both")
+    if base_logits is None:
+        if variant == "ddtree":
+            raise ValueError("variant 'ddtree' reads base_logits, not the lattice")
+        return
     if lattice.ids.shape[:2] != base_logits.shape[:2]:
         raise ValueError(f"lattice ids [R, D, K] = {list(lattice.ids.shape)} must have the "
                          f"base logits' R and D {list(base_logits.shape[:2])}")
