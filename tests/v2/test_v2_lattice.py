@@ -9,10 +9,7 @@ runs every tree on vLLM's TRITON_ATTN).
   selector walk): the same draft tokens at every step, for every request; vLLM loads every
   weight of the checkpoint and its output equals target-only.
 - Every variant over each lattice equals target-only decoding (greedy; seeded T > 0 on the
-  pruned trees), and its drafts are accepted. The builders over a lattice are the same for
-  both families (``tree/lattice.py``, against references in ``tests/tree/
-  test_tree_lattice.py``); what differs by family is vLLM's lattice: DFlash2 runs every
-  variant, LiLiCorr the pruned tree and the adaptive budget.
+  pruned trees), and its drafts are accepted.
 - TP=2: DFlash2's pruned tree, LiLiCorr's adaptive one.
 """
 
@@ -183,8 +180,7 @@ VARIANTS = {
     "ddtree": {"tree": "ddtree", "num_speculative_tokens": 16},
     "adaptive": {"num_speculative_tokens": 16, "budget_policy": "adaptive"},
 }
-RUNS = [("dflash2", name) for name in VARIANTS] + [("lilicorr", "pruned"),
-                                                   ("lilicorr", "adaptive")]
+RUNS = [(family, name) for family in FAMILIES for name in VARIANTS]
 
 
 @pytest.mark.e2e
