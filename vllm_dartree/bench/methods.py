@@ -154,13 +154,11 @@ def check_dspark_drafter(method: str, drafter: str | Path) -> None:
                          "Pass one with --dspark-drafter")
 
 
-def check_lattice_drafter(method: str, drafter: str | Path) -> DrafterLayout:
+def check_lattice_drafter(method: str, drafter: str | Path) -> None:
     """Refuse a drafter without a candidate lattice for a ``lattice*`` method."""
-    layout = DrafterLayout.from_dir(drafter)
-    if not layout.has_lattice:
+    if not DrafterLayout.from_dir(drafter).has_lattice:
         raise ValueError(f"method {method!r} needs a lattice drafter (a DFlash2DraftModel or "
                          f"LiLiCorrDraftModel checkpoint); {drafter} has none")
-    return layout
 
 
 def drafter_depths(drafter: str | Path) -> int:

@@ -46,6 +46,8 @@ from torch import nn
 
 from vllm_dartree.checkpoint import DFLASH2, LILICORR, DrafterLayout
 from vllm_dartree.training.model import IGNORE_INDEX, BlockDrafter
+from vllm_dartree.tree import build_tree
+from vllm_dartree.tree.lattice import Lattice
 
 LATTICE_KINDS = (DFLASH2, LILICORR)
 ARCHITECTURES = {DFLASH2: "DFlash2DraftModel", LILICORR: "LiLiCorrDraftModel"}
@@ -412,16 +414,13 @@ def teacher_rows(head: nn.Module, ex: LatticeExamples, embed: torch.Tensor
     return rows, torch.where(prev_index >= 0, targets, IGNORE_INDEX)
 
 
-@torch.no_grad()
 def greedy_walk(scores: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-    """vLLM's ``_selector_walk_kernel`` at temperature 0: [M, N, K, K] -> tokens [M, N]."""
-    rows = torch.arange(scores.shape[0], device=scores.device)
-    prev = torch.zeros_like(rows)
-    tokens = torch.empty(candidates.shape[:2], dtype=candidates.dtype, device=scores.device)
-    for depth in range(scores.shape[1]):
-        prev = scores[rows, depth, prev].argmax(-1)
-        tokens[:, depth] = candidates[rows, depth, prev]
-    return tokens
+    """vLLM's ``_selector_walk_kernel`` at temperature 0: [M, N, K, K] -> tokens [M, N]. It
+    is the tree core's chain over the lattice (what a dartree engine drafts)."""
+    num, depths = candidates.shape[:2]
+    roots = candidates.new_zeros(num)  # a chain of every depth has no padding to fill
+    return build_tree("chain", None, None, roots, None, budget=depths,
+                      lattice=Lattice(candidates, scores.float())).tokens
 
 
 def accepted_lengths(drafts: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

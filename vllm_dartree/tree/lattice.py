@@ -41,10 +41,6 @@ class Lattice:
     def num_depths(self) -> int:
         return self.ids.shape[1]
 
-    def cut(self, num_depths: int) -> Lattice:
-        """The first ``num_depths`` depths."""
-        return Lattice(self.ids[:, :num_depths], self.transitions[:, :num_depths])
-
 
 def row_logprobs(transitions: torch.Tensor, parent_slots: torch.Tensor) -> torch.Tensor:
     """Each parent's children log-probs: ``transitions [R, K, K]`` of one depth and the
