@@ -10,7 +10,8 @@ runs every tree on vLLM's TRITON_ATTN).
   weight of the checkpoint and its output equals target-only.
 - Every variant over each lattice equals target-only decoding (greedy; seeded T > 0 on the
   pruned trees), and its drafts are accepted.
-- TP=2: DFlash2's pruned tree, LiLiCorr's adaptive one.
+- TP=2: DFlash2's pruned tree, LiLiCorr's adaptive one; the pruned tree of each on the
+  CUDA path (TRITON_ATTN).
 """
 
 from __future__ import annotations
@@ -210,4 +211,17 @@ def test_a_lattice_tree_at_tp2(engines, target, lattice_pair, prompts, reference
     settings = VARIANTS["pruned" if family == "dflash2" else "adaptive"]
     llm = engines.get(model=str(target), **BATCH, **TP2,
                       speculative_config=dartree(drafter, **settings))
+    assert generate_ids(llm, prompts, greedy()) == reference[0]
+
+
+@pytest.mark.e2e
+def test_a_lattice_tree_on_the_cuda_path(engines, target, lattice_pair, prompts, reference):
+    """The path GPU users run: vLLM's TRITON_ATTN with the plugin's Triton tree attention
+    and KV mover (Triton's interpreter here), the pruned tree over each family's lattice."""
+    _, drafter = lattice_pair
+    llm = engines.get(model=str(target), **BATCH, attention_backend="TRITON_ATTN",
+                      speculative_config=dartree(drafter, **VARIANTS["pruned"]))
+    layers = llm.llm_engine.vllm_config.compilation_config.static_forward_context.values()
+    assert "TreeTritonAttentionImpl" in {type(getattr(layer, "impl", None)).__name__
+                                         for layer in layers}
     assert generate_ids(llm, prompts, greedy()) == reference[0]
