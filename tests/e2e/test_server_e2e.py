@@ -66,11 +66,24 @@ def target_only_answers():
         return _serve_all(base)
 
 
-def test_dartree_server_answers_concurrent_load(target_only_answers):
+def test_the_target_only_server_answers_completions_and_chat(target_only_answers):
+    """``vllm-dartree serve`` without dartree: every completion and chat request answered."""
+    kinds = set()
+    for request, answer in zip(_requests(), target_only_answers):
+        if not request["abort"]:
+            assert answer["text"], request
+            kinds.add("messages" in request["body"])
+    assert kinds == {True, False}
+
+
+def test_a_profiled_dartree_server_answers_concurrent_load(target_only_answers):
+    """VLLM_DARTREE_PROFILE=1 under concurrent load: the target-only answers, vLLM's counters,
+    and every phase of every tree round in /metrics."""
     drafter = write_drafter(DrafterSpec(target=SPEC, domino=True))
     spec = json.dumps({"method": "dartree", "model": str(drafter)})
     with running_server(write_target(SPEC), *SERVER_ARGS, "--speculative-config", spec,
-                        log_name="server_dartree.log") as base:
+                        log_name="server_dartree.log",
+                        env={"VLLM_DARTREE_PROFILE": "1"}) as base:
         answers = _serve_all(base)
         assert http_text(base + "/health") is not None  # still serving after the aborts
         metrics = http_text(base + "/metrics")
@@ -80,6 +93,12 @@ def test_dartree_server_answers_concurrent_load(target_only_answers):
     accepted = _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total")
     assert drafts > 0 and 0 < draft_tokens <= 64 * drafts
     assert 0 < accepted <= draft_tokens
+    rounds = _metric(metrics, 'vllm_dartree:phase_ms_count{phase="round"}')
+    assert rounds > 0
+    for phase in ("drafter_forward", "tree_build", "target_forward", "tree_attention",
+                  "target_logits", "accept"):
+        assert _metric(metrics, f'vllm_dartree:phase_ms_count{{phase="{phase}"}}') == rounds
+    assert _metric(metrics, 'vllm_dartree:phase_ms_sum{phase="target_forward"}') > 0
 
 
 def _check_answers(answers, target_only_answers) -> None:
@@ -120,22 +139,3 @@ def test_data_parallel_server(target_only_answers):
                         metrics, re.M)
     assert {engine for engine, _ in drafts} == {"0", "1"}  # both engines served
     assert sum(float(value) for _, value in drafts) > 0
-
-
-def test_a_profiled_server_exposes_its_phases():
-    """VLLM_DARTREE_PROFILE=1: every phase of every tree round in /metrics."""
-    drafter = write_drafter(DrafterSpec(target=SPEC, domino=True))
-    spec = json.dumps({"method": "dartree", "model": str(drafter)})
-    with running_server(write_target(SPEC), *SERVER_ARGS, "--speculative-config", spec,
-                        log_name="server_profile.log",
-                        env={"VLLM_DARTREE_PROFILE": "1"}) as base:
-        for request in _requests()[:6]:
-            if not request["abort"]:
-                _send(base, request)
-        metrics = http_text(base + "/metrics")
-    rounds = _metric(metrics, 'vllm_dartree:phase_ms_count{phase="round"}')
-    assert rounds > 0
-    for phase in ("drafter_forward", "tree_build", "target_forward", "tree_attention",
-                  "target_logits", "accept"):
-        assert _metric(metrics, f'vllm_dartree:phase_ms_count{{phase="{phase}"}}') == rounds
-    assert _metric(metrics, 'vllm_dartree:phase_ms_sum{phase="target_forward"}') > 0

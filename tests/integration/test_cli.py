@@ -1,4 +1,6 @@
-"""``vllm-dartree serve`` forwards to vLLM's OpenAI server with the plugin loaded."""
+"""``vllm-dartree``'s command line: its parser and the launcher's reading of the request. The
+served path (``vllm-dartree serve`` answering completions and chat) is
+tests/e2e/test_server_e2e.py."""
 
 from __future__ import annotations
 
@@ -6,9 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
-from vllm_dartree.harness.server import http_json, running_server
-from vllm_dartree.models.tiny import TargetSpec, write_target
 
 
 def test_cli_rejects_unknown_commands():
@@ -31,22 +30,3 @@ def test_the_launcher_reads_the_budget_policy_from_the_speculative_config(args, 
     from vllm_dartree.integration.launcher import requested_budget_policy
 
     assert requested_budget_policy(args) == policy
-
-
-@pytest.mark.e2e
-def test_serve_answers_completions_and_chat():
-    model = write_target(TargetSpec(with_tokenizer=True))
-    args = ("--dtype", "float32", "--max-model-len", "256", "--enforce-eager")
-    with running_server(model, *args, log_name="test_cli.log") as base:
-        completion = http_json(
-            base + "/v1/completions",
-            {"model": "tiny", "prompt": "def hello(self):", "max_tokens": 8, "temperature": 0},
-        )
-        chat = http_json(
-            base + "/v1/chat/completions",
-            {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
-             "temperature": 0},
-        )
-    assert completion["usage"]["completion_tokens"] == 8
-    assert completion["choices"][0]["text"]
-    assert chat["choices"][0]["message"]["content"]

@@ -24,7 +24,7 @@ QUESTIONS = [
     "A train travels 60 km per hour for 2 hours. How far does it go?",
     "Explain what a list comprehension is in Python, with an example.",
 ]
-NEW_TOKENS = 64
+NEW_TOKENS = 32
 ENGINE = {"dtype": "float32", "max_model_len": 1024, "max_num_seqs": 4}
 
 

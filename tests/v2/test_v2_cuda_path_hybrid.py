@@ -73,16 +73,18 @@ def target_only(engines, tiny_triton_hybrid_target):
 def test_a_broken_gdn_state_changes_tokens(engines, tiny_triton_hybrid_target,
                                            tiny_triton_hybrid_domino, target_only,
                                            monkeypatch):
-    """The pruned engine equals target-only decoding, with accepted paths off their tree's
-    first branch (their state and conv inputs really move); with the accepted path's state
-    left where the tree put it (no commit), or with each request's conv inputs written one
-    column late, it gives other tokens."""
+    """The pruned tree of the Domino drafter (the first of every tree on this path) equals
+    target-only decoding on the Triton GDN layer, with accepted paths off their tree's first
+    branch (their state and conv inputs really move); with the accepted path's state left
+    where the tree put it (no commit), or with each request's conv inputs written one column
+    late, it gives other tokens."""
     import torch
 
     from vllm_dartree.integration import gdn_rows, gpu_gdn
 
     llm = engines.get(model=str(tiny_triton_hybrid_target), **ENGINE,
                       speculative_config=dartree(tiny_triton_hybrid_domino, **TREE))
+    assert gdn_paths(llm) == {"forward_cuda"}
     prompts, expected = target_only
     moved = []
     commit = gdn_rows.commit_accepted_paths
@@ -111,8 +113,8 @@ def test_a_broken_gdn_state_changes_tokens(engines, tiny_triton_hybrid_target,
         assert generate_ids(llm, prompts, greedy()) != expected
 
 
+# The Domino pruned tree is the broken-state test's own engine (above).
 VARIANTS = [
-    ("domino-pruned", "tiny_triton_hybrid_domino", TREE),
     ("domino-fixed", "tiny_triton_hybrid_domino", {"tree": "fixed", "num_speculative_tokens": 12,
                                                    "top_k": 8}),
     ("domino-ddtree", "tiny_triton_hybrid_domino", {"tree": "ddtree",

