@@ -31,7 +31,7 @@ demo: setup
 V2_LOG := .cache/logs/test-v2.log
 V2_LATE_LOG := .cache/logs/test-v2-after-main.log
 MAIN_LOG := .cache/logs/test-main.log
-V2_AFTER_MAIN := tests/v2/test_v2_lattice.py tests/v2/test_v2_bench.py
+V2_AFTER_MAIN := tests/v2/test_v2_lattice.py
 V2_ENV := VLLM_USE_V2_MODEL_RUNNER=1 PYTHONPATH=tests/v2/site
 test: setup
 	@mkdir -p $(dir $(V2_LOG))

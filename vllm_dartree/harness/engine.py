@@ -42,15 +42,20 @@ def build_llm(**overrides: Any):
     from vllm_dartree.integration.compat import fix_rebind_crash_if_present
 
     fix_rebind_crash_if_present()
+    # vLLM runs about ten full collections while it builds an engine, each walking every
+    # object of this process (torch, vLLM, pytest, earlier tests): frozen, they are skipped.
+    # Shutting an engine down unfreezes them (``cleanup_dist_env_and_memory``), so nothing
+    # an engine held stays frozen.
+    gc.collect()
+    gc.freeze()
     return LLM(**(DEFAULT_ENGINE_ARGS | overrides))
 
 
 def shutdown_llm(llm) -> None:
     from vllm_dartree.integration.compat import release_engine
 
-    release_engine(llm)
-    del llm
-    gc.collect()
+    release_engine(llm)  # its last full collection runs while ``llm`` is still referenced;
+    del llm  # the engine's remaining cycles go with the next build's collection
 
 
 class EngineCache:
