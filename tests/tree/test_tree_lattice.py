@@ -139,6 +139,8 @@ def test_trees_over_a_lattice_read_no_base_logits(variant):
                        build_tree(variant, base, None, roots, None, **kwargs).tokens)
     with pytest.raises(ValueError, match="'ddtree' reads base_logits"):
         build_tree("ddtree", None, None, roots, None, **kwargs)
+    with pytest.raises(ValueError, match="base_logits is required"):
+        build_tree(variant, None, None, roots, None, budget=10, width=3)
 
 
 def test_ddtree_reads_the_base_logits_not_the_lattice():

@@ -78,12 +78,14 @@ def build_tree(
     if lattice is not None:
         _validate_lattice(variant, lattice, base_logits, head)
         top_k = lattice.top_k
-        if base_logits is None:  # only its shape is read: the lattice's rows stand in
-            base_logits = lattice.transitions[:, :, 0]
-    _validate(variant, base_logits, draft_hidden, root_tokens, head, budget, top_k, width,
+    elif base_logits is None:
+        raise ValueError("base_logits is required; only a tree over a lattice reads none")
+    # [R, D, V], or over a lattice without base logits [R, D, K]: the columns it picks from
+    shape = tuple((lattice.ids if base_logits is None else base_logits).shape)
+    _validate(variant, shape, draft_hidden, root_tokens, head, budget, top_k, width,
               depth_bonus)
-    if vocab_ids is not None and tuple(vocab_ids.shape) != (base_logits.shape[-1],):
-        raise ValueError(f"vocab_ids must be [V'] = [{base_logits.shape[-1]}] (one token id "
+    if vocab_ids is not None and tuple(vocab_ids.shape) != (shape[-1],):
+        raise ValueError(f"vocab_ids must be [V'] = [{shape[-1]}] (one token id "
                          f"per logit column), got {list(vocab_ids.shape)}")
     if graphs is not None and graphs.head is not head:
         raise ValueError("graphs must wrap the head passed to build_tree")
@@ -93,7 +95,7 @@ def build_tree(
         return build_argmax_chain(base_logits, root_tokens, budget=budget, vocab_ids=vocab_ids)
     candidates = (lattice_candidates(lattice) if lattice is not None else
                   prepare_candidates(base_logits, draft_hidden, head, top_k, vocab_ids))
-    depths = base_logits.shape[1]
+    depths = shape[1]
     if variant == "sequential":
         return build_sequential(candidates, head, root_tokens, budget=budget,
                                 depth_bonus=depth_bonus)
@@ -138,16 +140,16 @@ def capture_all_shapes(graphs: CorrectionGraphs, variants: set[str], max_request
 
 
 # --------------------------------------------------------------------------- validation
-def _validate(variant, base_logits, draft_hidden, root_tokens, head, budget, top_k, width,
+def _validate(variant, shape, draft_hidden, root_tokens, head, budget, top_k, width,
               depth_bonus) -> None:
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r} is unknown; allowed: {', '.join(VARIANTS)}")
-    if base_logits.dim() != 3:
-        raise ValueError(f"base_logits must be [R, D, V], got shape {list(base_logits.shape)}")
-    num_requests, num_depths, vocab = base_logits.shape
+    if len(shape) != 3:
+        raise ValueError(f"base_logits must be [R, D, V], got shape {list(shape)}")
+    num_requests, num_depths, vocab = shape
     if num_depths < 1 or vocab < 1:
         raise ValueError(f"base_logits must have D >= 1 depths and V >= 1 tokens, got shape "
-                         f"{list(base_logits.shape)}")
+                         f"{list(shape)}")
     if root_tokens.shape != (num_requests,):
         raise ValueError(f"root_tokens must be [R] = [{num_requests}], got "
                          f"{list(root_tokens.shape)}")
@@ -167,7 +169,7 @@ def _validate(variant, base_logits, draft_hidden, root_tokens, head, budget, top
             raise ValueError("draft_hidden is required when a correction head is given")
         # A head that reads no hidden state (Markov) accepts any H.
         width = draft_hidden.shape[-1] if head.hidden_size is None else head.hidden_size
-        expected = (*base_logits.shape[:2], width)
+        expected = (*shape[:2], width)
         if tuple(draft_hidden.shape) != expected:
             raise ValueError(f"draft_hidden must be [R, D, H] = {list(expected)}, got "
                              f"{list(draft_hidden.shape)}")
