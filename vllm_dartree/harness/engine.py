@@ -10,6 +10,8 @@ import gc
 import json
 import os
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from vllm_dartree.env import apply_process_defaults
@@ -52,10 +54,25 @@ def build_llm(**overrides: Any):
 
 
 def shutdown_llm(llm) -> None:
+    """Shut the engine down; its memory goes with the next build's collection."""
     from vllm_dartree.integration.compat import release_engine
 
-    release_engine(llm)  # its last full collection runs while ``llm`` is still referenced;
-    del llm  # the engine's remaining cycles go with the next build's collection
+    with _full_collections_deferred():
+        release_engine(llm)
+    del llm
+
+
+@contextmanager
+def _full_collections_deferred() -> Iterator[None]:
+    """vLLM's shutdown runs full collections (two on V1, three on V2) after it unfreezes the
+    heap, each walking every object of this process while ``llm`` still holds the engine, so
+    they free little; the next :func:`build_llm` runs one instead."""
+    collect = gc.collect
+    gc.collect = lambda generation=2: 0
+    try:
+        yield
+    finally:
+        gc.collect = collect
 
 
 class EngineCache:

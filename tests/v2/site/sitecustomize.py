@@ -132,6 +132,65 @@ def _patch_language_once_per_launch() -> None:
     interpreter._patch_lang = patch_lang_once
 
 
+def _type_facts_computed_once() -> None:
+    """The interpreter makes a block type and a tensor object for every operation of every
+    grid program, and each constructor recomputes what depends on its type alone: the
+    block type's shape, element count and name, the tensor's shape (a tuple of constexprs),
+    element count and scalar type; and each numpy conversion rebuilds a table of 19 dtypes.
+    A fifth of an interpreted lane step went there. Here each is computed once per type, by
+    Triton's own code, and reused; the objects built are equal (``test_v2_site.py``)."""
+    import triton.language.core as core
+    import triton.runtime.interpreter as interpreter
+
+    block_init = core.block_type.__init__
+    block_facts: dict = {}
+
+    def block_type_init(self, element_ty, shape) -> None:
+        key = (type(element_ty), element_ty.name, *shape)
+        facts = block_facts.get(key) if all(type(s) is int for s in shape) else None
+        if facts is None:
+            block_init(self, element_ty, shape)  # validates the shape, as before
+            if all(type(s) is int for s in shape):
+                block_facts[key] = (self.shape, self.numel, self.name)
+            return
+        self.element_ty = element_ty
+        self.shape, self.numel, self.name = facts
+
+    tensor_init = core.tensor.__init__
+    tensor_facts: dict = {}
+
+    def tensor_init_cached(self, handle, type_) -> None:
+        kind = type(type_)
+        if kind is not core.block_type and kind is not core.dtype:
+            tensor_init(self, handle, type_)
+            return
+        facts = tensor_facts.get((kind, type_.name))
+        if facts is None:
+            tensor_init(self, handle, type_)
+            tensor_facts[(kind, type_.name)] = (self.shape, self.numel)
+            return
+        self.handle = handle
+        self.type = type_
+        self.dtype = type_.scalar
+        self.shape, self.numel = facts
+
+    np_dtype = interpreter._get_np_dtype
+    np_dtypes: dict = {}
+
+    def get_np_dtype(tt_dtype):
+        key = (type(tt_dtype), tt_dtype.name)
+        found = np_dtypes.get(key)
+        if found is None:
+            found = np_dtypes[key] = np_dtype(tt_dtype)
+        return found
+
+    block_type_init.stock, tensor_init_cached.stock, get_np_dtype.stock = (
+        block_init, tensor_init, np_dtype)
+    core.block_type.__init__ = block_type_init
+    core.tensor.__init__ = tensor_init_cached
+    interpreter._get_np_dtype = get_np_dtype
+
+
 def _grid_functions_may_set_pointers() -> None:
     """A launch grid given as a function gets the kernel's arguments, and some of vLLM's
     (the Triton conv's) put a tensor back among them, which a compiled launch binds after
@@ -358,6 +417,7 @@ if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")
     _install()
     _patch_language_once_per_launch()
+    _type_facts_computed_once()
     _grid_functions_may_set_pointers()
     _masks_as_booleans()
     _no_overflow_checks()
