@@ -25,7 +25,7 @@ demo: setup
 # process of its own with a test-only stand-in Triton CPU backend (tests/v2/site) in every
 # process, kernels in Triton's interpreter (correctness only, slow). The two suites run side
 # by side: a test engine computes on one thread (vLLM's CPU worker), so each suite keeps
-# about one core busy. The V2 suite is the longer one: the modules in V2_AFTER_MAIN run in
+# about one core busy. The V2 suite has the more work: the modules in V2_AFTER_MAIN run in
 # a second V2 process after the main suite, on the core it frees. Reports: the main suite's,
 # then both V2 logs.
 V2_LOG := .cache/logs/test-v2.log
@@ -33,8 +33,8 @@ V2_LATE_LOG := .cache/logs/test-v2-after-main.log
 MAIN_LOG := .cache/logs/test-main.log
 V2_AFTER_MAIN := tests/v2/test_v2_lattice.py
 V2_ENV := VLLM_USE_V2_MODEL_RUNNER=1 PYTHONPATH=tests/v2/site
-# The V2 suite ends minutes before the main suite: it first trains the lattice drafters the
-# modules after the main suite need (cached under .cache/models/tiny, where they find them).
+# Without them, the first V2 process ends minutes before the main suite: it first trains the
+# lattice drafters they need (cached under .cache/models/tiny, where they find them).
 V2_TRAIN_LATTICE := $(PY) -c "from vllm_dartree.models.tiny_lattice_pair import \
     trained_tiny_lattice_pair as pair; pair('dflash2'); pair('lilicorr')"
 test: setup

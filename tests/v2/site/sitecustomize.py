@@ -137,8 +137,9 @@ def _type_facts_computed_once() -> None:
     grid program, and each constructor recomputes what depends on its type alone: the
     block type's shape, element count and name, the tensor's shape (a tuple of constexprs),
     element count and scalar type; and each numpy conversion rebuilds a table of 19 dtypes.
-    A fifth of an interpreted lane step went there. Here each is computed once per type, by
-    Triton's own code, and reused; the objects built are equal (``test_v2_site.py``)."""
+    Here each is computed once per type, by Triton's own code, and reused; the objects built
+    are equal (``test_v2_site.py``). An interpreted lane test (the hybrid DSpark pruned tree)
+    took 86 s before, 57 s after."""
     import triton.language.core as core
     import triton.runtime.interpreter as interpreter
 
@@ -146,11 +147,12 @@ def _type_facts_computed_once() -> None:
     block_facts: dict = {}
 
     def block_type_init(self, element_ty, shape) -> None:
+        plain = all(type(s) is int for s in shape)  # else constexprs: Triton unwraps them
         key = (type(element_ty), element_ty.name, *shape)
-        facts = block_facts.get(key) if all(type(s) is int for s in shape) else None
+        facts = block_facts.get(key) if plain else None
         if facts is None:
             block_init(self, element_ty, shape)  # validates the shape, as before
-            if all(type(s) is int for s in shape):
+            if plain:
                 block_facts[key] = (self.shape, self.numel, self.name)
             return
         self.element_ty = element_ty
