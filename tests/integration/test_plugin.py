@@ -172,7 +172,8 @@ def test_on_vllm_0_34_dartree_is_a_registered_method_and_no_v1_glue_applies(monk
     patches = activation.patches_at(AppliedAt.DARTREE_REQUESTED)
     assert {t.__name__ for t in patches} == {
         "ActiveInEngineProcesses", "DrafterArchitecture", "DSparkDrafterArchitecture",
-        "CpuTreeAttention", "TritonTreeAttention", "SpecConvGlobal", "SpecRecurrenceGlobal",
+        "SpecForgeDominoArchitecture", "SpecForgeDominoDrafterArchitecture",
+        "SpecForgeDSparkDrafterArchitecture", "CpuTreeAttention", "TritonTreeAttention", "SpecConvGlobal", "SpecRecurrenceGlobal",
         "TreeRowsInTritonGdn", "NoFusedChainKernel", "DraftCountsKept",
         "DraftCountsHandedOver", "DraftsKeptByScheduler", "DraftsWithoutRpc",
         "DraftsWithAsyncOutput"}

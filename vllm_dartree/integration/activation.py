@@ -224,6 +224,38 @@ class DSparkDrafterArchitecture(ArchitectureOverride):
     runner = Runner.BOTH
 
 
+class SpecForgeDominoArchitecture(ArchitectureOverride):
+    """SpecForge writes a Domino drafter as ``DominoDraftModel``, a name vLLM does not
+    register: vLLM resolves it when it reads the drafter's config, before method "dflash"
+    renames it (below). Both build our drafter, which reads its Domino head."""
+
+    architecture = "DominoDraftModel"
+    model_path = "vllm_dartree.integration.drafter_model:DARTreeDraftModel"
+    releases = ALL_RELEASES
+    runner = Runner.BOTH
+
+
+class SpecForgeDominoDrafterArchitecture(ArchitectureOverride):
+    """... and ``DFlashDominoDraftModel``, the name method "dflash" gives it."""
+
+    architecture = "DFlashDominoDraftModel"
+    model_path = "vllm_dartree.integration.drafter_model:DARTreeDraftModel"
+    releases = ALL_RELEASES
+    runner = Runner.BOTH
+
+
+class SpecForgeDSparkDrafterArchitecture(ArchitectureOverride):
+    """SpecForge writes a DSpark drafter as ``DSparkDraftModel`` (vLLM's name for
+    DeepSeek-V4's DSpark, which resolves and is left as it is); method "dflash" renames it
+    ``DFlashDSparkDraftModel``, unregistered in vLLM: our drafter (the checkpoint reader
+    accepts that name only with SpecForge's nested DSpark keys)."""
+
+    architecture = "DFlashDSparkDraftModel"
+    model_path = "vllm_dartree.integration.drafter_model:DARTreeDraftModel"
+    releases = ALL_RELEASES
+    runner = Runner.BOTH
+
+
 class CpuTreeAttention(BackendOverride):
     """Tree attention in vLLM's CPU backend, for any engine that runs on it."""
 
@@ -258,6 +290,7 @@ def declared_patches() -> tuple[type[TouchPoint], ...]:
     )
     from vllm_dartree.integration.draft_handoff import ENGINE_CORE_PATCHES
     from vllm_dartree.integration.gpu_gdn import TRITON_GDN_PATCHES
+    from vllm_dartree.integration.lora import V2_LORA_PATCHES
     from vllm_dartree.integration.v1.draft_handoff import DraftsWithOutput
     from vllm_dartree.integration.v1.runner import RUNNER_PATCHES, DFlashProposerGlobal
     from vllm_dartree.integration.v2.draft_counts import DRAFT_COUNT_PATCHES
@@ -269,11 +302,13 @@ def declared_patches() -> tuple[type[TouchPoint], ...]:
         # dartree requested: the tree core (drafter architectures, tree attention backends,
         # tree rows in GDN layers, the engine core's half of the drafts' hand-over) ...
         ActiveInEngineProcesses, DrafterArchitecture, DSparkDrafterArchitecture,
+        SpecForgeDominoArchitecture, SpecForgeDominoDrafterArchitecture,
+        SpecForgeDSparkDrafterArchitecture,
         CpuTreeAttention, TritonTreeAttention, CpuGdnConvWindowFix, *TRITON_GDN_PATCHES,
         *ENGINE_CORE_PATCHES,
         # ... the V2 runner's (its speculator choice, the adaptive budget's draft counts to
-        # the scheduler, drafts with the sampled tokens) ...
-        V2SpeculatorChoice, *DRAFT_COUNT_PATCHES, DraftsWithAsyncOutput,
+        # the scheduler, drafts with the sampled tokens, the lm_head LoRA ids per logits row) ...
+        V2SpeculatorChoice, *DRAFT_COUNT_PATCHES, DraftsWithAsyncOutput, *V2_LORA_PATCHES,
         # ... and the V1 runner's
         DrafterBlockLookahead, *CPU_DEFECT_FIXES, DFlashProposerGlobal, *RUNNER_PATCHES,
         DraftsWithOutput,
@@ -345,6 +380,7 @@ def build_dartree_speculative_config(engine_args, requested: dict, original,
         engine_args.speculative_config = saved_config
         for attr, value in saved.items():
             setattr(engine_args, attr, value)
+    adopt_speculators_checkpoint(speculative, config)
     layout = check_drafter(config, speculative.draft_model_config.hf_config,
                            target_model_config, parallel_config)
     expose_target_layers(speculative.draft_model_config.hf_config, layout)
@@ -391,6 +427,33 @@ def select_tree_attention_backend(config, engine_args) -> None:
         from vllm_dartree.integration.gpu_attention import select_triton_backend
 
         select_triton_backend(engine_args)
+
+
+def adopt_speculators_checkpoint(speculative, config) -> None:
+    """A speculators checkpoint reaches vLLM as its own ``config.json``, which vLLM converts
+    (``SpeculatorsConfig``, model_type "speculators") without ``block_size``, with DFlash
+    marked causal unless trained with ``sliding_window_non_causal``, and a DSpark drafter
+    named ``Qwen3DSparkModel``, which builds vLLM's DSpark model rather than ours (vLLM
+    does not wrap a speculators config in its EAGLEConfig, whose "DFlash" prefix routes the
+    other DSpark checkpoints to us). Read the checkpoint's own file instead
+    (``checkpoint.speculators_drafter_keys``: refused there, before any weight loads, with
+    the field and the training flag to change), set what it states on vLLM's config and
+    re-resolve the drafter's class."""
+    draft = speculative.draft_model_config
+    if getattr(draft.hf_config, "model_type", None) != "speculators":
+        return
+    from transformers import PretrainedConfig
+
+    from vllm_dartree.checkpoint import DSPARK_ARCHITECTURE, speculators_drafter_keys
+
+    raw, _ = PretrainedConfig.get_config_dict(config.model,
+                                              revision=config.vllm_options.get("revision"))
+    keys = speculators_drafter_keys(raw)
+    if keys["architectures"] == [DSPARK_ARCHITECTURE]:
+        keys["architectures"] = ["DFlash" + DSPARK_ARCHITECTURE]  # EAGLEConfig's name: ours
+    for key, value in keys.items():
+        setattr(draft.hf_config, key, value)
+    speculative.update_arch_()
 
 
 def expose_target_layers(draft_hf_config, layout) -> None:

@@ -180,6 +180,9 @@ NAMES: tuple[VllmName, ...] = _names(
     VllmName("vllm.model_executor.models.qwen3_dflash:"
              "DFlashQwen3ForCausalLM.draft_id_to_target_id",
              use="d2t of a reduced-vocabulary DSpark drafter (inverted for the Markov head)"),
+    VllmName("vllm.config.speculative:SpeculativeConfig.update_arch_", ("self",), exact=True,
+             use="re-resolves a speculators drafter's class after activation."
+                 "adopt_speculators_checkpoint sets the keys vLLM's conversion dropped"),
     VllmName("vllm.transformers_utils.configs.eagle:EAGLEConfig",
              use="method dflash renames a DSpark checkpoint's Qwen3DSparkModel to "
                  "DFlashQwen3DSparkModel (activation.DSparkDrafterArchitecture)"),

@@ -1,0 +1,172 @@
+"""Tiny drafter checkpoints written by the training tools' own code, for the tiny Qwen3 target.
+
+Each row of :data:`ROWS` is one checkpoint as a user of that tool gets it:
+
+- SpecForge 0.2.0 (installed ``--no-deps``): its draft classes (``DFlashDraftModel``,
+  ``DominoDraftModel``, ``DSparkDraftModel``) built from a Qwen3 config and saved with
+  ``save_pretrained``, which is what its ``export/to_hf.py`` does;
+- Model-Optimizer 0.47.0: ``modelopt.torch.speculative.convert(target, [("dflash", cfg)])``
+  on the tiny target loaded by transformers, then the model's own exporter
+  (``get_exporter().export``: ``DFlashExporter``, ``DominoExporter``, ``DSparkExporter``);
+- speculators 0.9.0: ``create_transformer_layer_config`` (its training CLI's decoder config
+  from the verifier, with its ``--full-attention-indices`` and ``--sliding-window``), the
+  model's ``from_training_args`` and ``save_pretrained``.
+
+The tools are imported in a subprocess (:func:`write`), never in the test process that runs
+vLLM engines. Each checkpoint is written once and cached under ``.cache/models/tools/``,
+keyed by the row and the tool's version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from vllm_dartree.env import cache_dir
+from vllm_dartree.models.tiny import TargetSpec, write_target
+
+TOOL_VERSIONS = {"specforge": "0.2.0", "nvidia-modelopt": "0.47.0", "speculators": "0.9.0"}
+TARGET = TargetSpec()  # vocab 512, hidden 128, 2 layers, 4 heads / 2 KV heads of 32
+MASK = TARGET.vocab_size - 1
+BLOCK = 16  # SpecForge and Model-Optimizer rows (speculators: its defaults)
+
+
+@dataclass(frozen=True)
+class Row:
+    tool: str  # a key of TOOL_VERSIONS
+    kind: str  # dflash, domino, dspark, dflash2
+    options: dict = field(default_factory=dict)  # what the user chose beyond the defaults
+
+    @property
+    def name(self) -> str:
+        extra = "-".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        tool = {"nvidia-modelopt": "modelopt"}.get(self.tool, self.tool)
+        return f"{tool}-{self.kind}" + (f"-{extra}" if extra else "")
+
+
+FULL = {"full_attention": True}  # speculators: --full-attention-indices 0 1
+ROWS = [
+    Row("specforge", "dflash"), Row("specforge", "domino"), Row("specforge", "dspark"),
+    Row("nvidia-modelopt", "dflash"), Row("nvidia-modelopt", "domino"),
+    Row("nvidia-modelopt", "dspark"),
+    Row("speculators", "dflash"), Row("speculators", "dflash2"), Row("speculators", "dspark"),
+    Row("speculators", "dflash", FULL), Row("speculators", "dflash2", FULL),
+    Row("speculators", "dspark", FULL),
+    Row("speculators", "dflash", {**FULL, "sample_from_anchor": True}),
+    Row("speculators", "dflash", {**FULL, "sliding_window_non_causal": True}),
+]
+ROW = {row.name: row for row in ROWS}
+
+
+def write(row: Row) -> Path:
+    """The checkpoint folder of ``row``, written by the tool (in a subprocess) if absent."""
+    version = importlib.metadata.version(row.tool)
+    if version != TOOL_VERSIONS[row.tool]:
+        raise RuntimeError(f"{row.tool} {version} is installed; these rows are pinned to "
+                           f"{TOOL_VERSIONS[row.tool]} (make setup installs it)")
+    payload = json.dumps({**asdict(row), "version": version, "target": asdict(TARGET)},
+                         sort_keys=True)
+    digest = hashlib.sha256(payload.encode()).hexdigest()[:12]
+    out = cache_dir() / "models" / "tools" / f"{row.name}-{digest}"
+    if (out / "config.json").exists():
+        return out
+    target = write_target(TARGET)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{row.name}-", dir=out.parent))
+    try:
+        subprocess.run([sys.executable, __file__, json.dumps(asdict(row)), str(target),
+                        str(tmp)], check=True, capture_output=True, text=True, timeout=600)
+        (tmp / "written-by.json").write_text(payload)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.replace(out)
+    except subprocess.CalledProcessError as error:
+        raise RuntimeError(f"{row.tool} could not write {row.name}:\n"
+                           f"{error.stderr[-3000:]}") from error
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# ---------------------------------------------------------------- in the subprocess only
+def _specforge(row: Row, target: Path, out: Path) -> None:
+    import torch
+    from specforge.modeling.draft import DFlashDraftModel, DominoDraftModel
+    from specforge.modeling.draft.dspark import DSparkDraftModel
+    from transformers import Qwen3Config
+
+    heads = {
+        "dflash": (DFlashDraftModel, {}),
+        # Domino's released b16 settings (shift layout, depth 1 uncorrected).
+        "domino": (DominoDraftModel, {"projector_type": "domino", "gru_hidden_dim": 64,
+                                      "emb_dim": 32, "shift_label": True,
+                                      "pure_draft_prefix_len": 1}),
+        "dspark": (DSparkDraftModel, {"markov_rank": 16, "enable_confidence_head": True,
+                                      "confidence_head_with_markov": True}),
+    }
+    cls, extra = heads[row.kind]
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=TARGET.vocab_size, hidden_size=TARGET.hidden_size,
+        intermediate_size=TARGET.intermediate_size, num_hidden_layers=1,
+        num_attention_heads=TARGET.num_attention_heads,
+        num_key_value_heads=TARGET.num_key_value_heads, head_dim=TARGET.head_dim,
+        max_position_embeddings=TARGET.max_position_embeddings, rope_theta=10000.0,
+        tie_word_embeddings=False, block_size=BLOCK,
+        num_target_layers=TARGET.num_hidden_layers, architectures=[cls.__name__],
+        dflash_config={"mask_token_id": MASK, "target_layer_ids": [0, 1], **extra})
+    cls(config).save_pretrained(out)
+
+
+def _modelopt(row: Row, target: Path, out: Path) -> None:
+    import modelopt.torch.speculative as mtsp
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    heads = {"dflash": {},
+             "domino": {"projector_type": "domino", "gru_hidden_dim": 64, "emb_dim": 32},
+             "dspark": {"projector_type": "dspark", "markov_rank": 16,
+                        "use_confidence_head": True}}
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    mtsp.convert(model, [("dflash", {
+        "dflash_block_size": BLOCK, "dflash_mask_token_id": MASK,
+        "dflash_architecture_config": {"num_hidden_layers": 2, "target_layer_ids": [0, 1],
+                                       **heads[row.kind]}})])
+    model.get_exporter().export(out)
+
+
+def _speculators(row: Row, target: Path, out: Path) -> None:
+    import torch
+    from speculators.models.dflash.core import DFlashDraftModel
+    from speculators.models.dflash2.core import DFlash2DraftModel
+    from speculators.models.dspark.core import DSparkDraftModel
+    from speculators.train.cli import create_transformer_layer_config
+
+    options = dict(row.options)
+    full = [0, 1] if options.pop("full_attention", False) else []
+    torch.manual_seed(0)
+    # The training CLI's defaults: --sliding-window 2048, no --full-attention-indices.
+    layer_config = create_transformer_layer_config(str(target), 2, "qwen3", None, 2048, full)
+    cls, extra = {"dflash": (DFlashDraftModel, {}),
+                  "dflash2": (DFlash2DraftModel, {"selector_top_k": 4, "selector_rank": 8}),
+                  "dspark": (DSparkDraftModel, {"markov_rank": 16})}[row.kind]
+    model = cls.from_training_args(
+        verifier_config=layer_config, verifier_name_or_path=str(target),
+        draft_vocab_size=TARGET.vocab_size, target_layer_ids=[1, 2], mask_token_id=MASK,
+        draft_attn_impl="sdpa", **extra, **options)
+    model.save_pretrained(out)
+
+
+if __name__ == "__main__":
+    spec, target_dir, out_dir = sys.argv[1:]
+    the_row = Row(**json.loads(spec))
+    writer = {"specforge": _specforge, "nvidia-modelopt": _modelopt,
+              "speculators": _speculators}[the_row.tool]
+    writer(the_row, Path(target_dir), Path(out_dir))
