@@ -101,12 +101,15 @@ class EngineCache:
             shutdown_llm(llm, collect=False)
 
 
-def generate_ids(llm, prompts: list[list[int]], sampling_params) -> list[list[int]]:
-    """Token ids generated for each prompt, in prompt order."""
+def generate_ids(llm, prompts: list[list[int]], sampling_params,
+                 lora_requests: list | None = None) -> list[list[int]]:
+    """Token ids generated for each prompt, in prompt order (``lora_requests``: each
+    prompt's ``LoRARequest`` or None)."""
     from vllm.inputs import TokensPrompt
 
     outputs = llm.generate(
-        [TokensPrompt(prompt_token_ids=p) for p in prompts], sampling_params, use_tqdm=False
+        [TokensPrompt(prompt_token_ids=p) for p in prompts], sampling_params, use_tqdm=False,
+        lora_request=lora_requests,
     )
     return [list(o.outputs[0].token_ids) for o in outputs]
 

@@ -444,16 +444,23 @@ def adopt_speculators_checkpoint(speculative, config) -> None:
         return
     from transformers import PretrainedConfig
 
-    from vllm_dartree.checkpoint import DSPARK_ARCHITECTURE, speculators_drafter_keys
-
     raw, _ = PretrainedConfig.get_config_dict(config.model,
                                               revision=config.vllm_options.get("revision"))
+    set_speculators_keys(draft.hf_config, raw)
+    speculative.update_arch_()
+
+
+def set_speculators_keys(draft_hf_config, raw: dict) -> None:
+    """Set on vLLM's converted config what the speculators ``config.json`` ``raw`` states
+    (``checkpoint.speculators_drafter_keys``), a DSpark drafter under the name method
+    "dflash" gives DSpark checkpoints (``DSparkDrafterArchitecture``: ours)."""
+    from vllm_dartree.checkpoint import DSPARK_ARCHITECTURE, speculators_drafter_keys
+
     keys = speculators_drafter_keys(raw)
     if keys["architectures"] == [DSPARK_ARCHITECTURE]:
-        keys["architectures"] = ["DFlash" + DSPARK_ARCHITECTURE]  # EAGLEConfig's name: ours
+        keys["architectures"] = ["DFlash" + DSPARK_ARCHITECTURE]
     for key, value in keys.items():
-        setattr(draft.hf_config, key, value)
-    speculative.update_arch_()
+        setattr(draft_hf_config, key, value)
 
 
 def expose_target_layers(draft_hf_config, layout) -> None:

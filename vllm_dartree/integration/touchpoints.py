@@ -180,6 +180,15 @@ NAMES: tuple[VllmName, ...] = _names(
     VllmName("vllm.model_executor.models.qwen3_dflash:"
              "DFlashQwen3ForCausalLM.draft_id_to_target_id",
              use="d2t of a reduced-vocabulary DSpark drafter (inverted for the Markov head)"),
+    VllmName("vllm.lora.layers.base:BaseLayerWithLoRA",
+             use="a LoRA-wrapped target module the drafter shares; it takes the base_layer"),
+    VllmName("vllm.v1.worker.gpu.lora_utils:LoraState.make_lora_inputs",
+             ("self", "req_ids", "idx_mapping", "num_scheduled_tokens"), exact=True,
+             releases=("0.32.0", "0.33.0"),
+             use="lora.LoraIdPerLogitsRow: one lm_head LoRA id per logits row (0.34 does)"),
+    VllmName(f"{V2_RUNNER}.prepare_inputs", releases=("0.32.0", "0.33.0"),
+             use="lora.StepLogitsRows: the batch's logits rows per request"),
+    VllmName(f"{INPUT_BATCH}.cu_num_logits_np"),
     VllmName("vllm.config.speculative:SpeculativeConfig.update_arch_", ("self",), exact=True,
              use="re-resolves a speculators drafter's class after activation."
                  "adopt_speculators_checkpoint sets the keys vLLM's conversion dropped"),

@@ -560,3 +560,51 @@ def write_word_tokenizer(out: Path, vocab_size: int) -> None:
                                    additional_special_tokens=["<|im_start|>", "<|mask|>"])
     fast.chat_template = WORD_CHAT_TEMPLATE
     fast.save_pretrained(str(out))
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """A PEFT LoRA adapter for a tiny target: rank ``rank`` on the attention projections and
+    the MLP of every layer, large enough that every adapter changes greedy tokens."""
+
+    target: TargetSpec = field(default_factory=TargetSpec)
+    rank: int = 8
+    alpha: int = 16
+    std: float = 0.3
+    modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                "up_proj", "down_proj")
+    seed: int = 11
+
+
+def write_lora_adapter(spec: LoraSpec) -> Path:
+    """``adapter_config.json`` + ``adapter_model.safetensors`` as PEFT writes them (the
+    format vLLM's ``LoRARequest`` loads)."""
+    t = spec.target
+    attention = {"q_proj": (t.num_attention_heads * t.head_dim, t.hidden_size),
+                 "k_proj": (t.num_key_value_heads * t.head_dim, t.hidden_size),
+                 "v_proj": (t.num_key_value_heads * t.head_dim, t.hidden_size),
+                 "o_proj": (t.hidden_size, t.num_attention_heads * t.head_dim)}
+    mlp = {"gate_proj": (t.intermediate_size, t.hidden_size),
+           "up_proj": (t.intermediate_size, t.hidden_size),
+           "down_proj": (t.hidden_size, t.intermediate_size)}
+
+    def write(out: Path) -> None:
+        gen = torch.Generator().manual_seed(spec.seed)
+        weights = {}
+        for i in range(t.num_hidden_layers):
+            for module in spec.modules:
+                group = "self_attn" if module in attention else "mlp"
+                out_dim, in_dim = (attention | mlp)[module]
+                name = f"base_model.model.model.layers.{i}.{group}.{module}"
+                weights[f"{name}.lora_A.weight"] = _normal(gen, spec.std, spec.rank, in_dim)
+                weights[f"{name}.lora_B.weight"] = _normal(gen, spec.std, out_dim, spec.rank)
+        save_file(weights, out / "adapter_model.safetensors", metadata={"format": "pt"})
+        (out / "config.json").write_text("{}")  # the cache's completeness marker
+        (out / "adapter_config.json").write_text(json.dumps({
+            "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank,
+            "lora_alpha": spec.alpha, "lora_dropout": 0.0, "bias": "none",
+            "target_modules": list(spec.modules), "base_model_name_or_path": None,
+            "fan_in_fan_out": False, "modules_to_save": None, "use_rslora": False,
+        }, indent=2))
+
+    return _cached_dir("lora", spec, write)

@@ -25,6 +25,7 @@ from vllm.v1.spec_decode.dflash import DFlashProposer
 from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 
 from vllm_dartree.config import carried_layout, carried_settings
+from vllm_dartree.integration.lora import use_base_layers
 from vllm_dartree.integration.tensor_parallel import same_on_every_rank
 from vllm_dartree.step.drafting import TreeDrafting
 from vllm_dartree.step.profile import StepProfile
@@ -68,6 +69,7 @@ class DARTreeProposer(DFlashProposer, TreeDrafting):
 
     def load_model(self, target_model) -> None:
         super().load_model(target_model)
+        use_base_layers(self.model)
         self.load_tree_head()
 
     def propose(self, num_speculative_tokens, target_token_ids, target_positions,

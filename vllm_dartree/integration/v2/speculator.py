@@ -31,6 +31,7 @@ from vllm.v1.worker.gpu.spec_decode.lilicorr.speculator import LiLiCorrSpeculato
 
 from vllm_dartree.checkpoint import DFLASH2, LILICORR
 from vllm_dartree.config import DARTreeConfigError, carried_layout
+from vllm_dartree.integration.lora import use_base_layers
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
 from vllm_dartree.integration.tensor_parallel import same_on_every_rank
 from vllm_dartree.integration.v2.draft_counts import COUNTS_ATTR
@@ -75,6 +76,7 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
 
     def load_model(self, target_model: torch.nn.Module) -> None:
         super().load_model(target_model)
+        use_base_layers(self.model)
         self.load_tree_head()
         install_model_state(self.vllm_config, target_model, self.tree_step)
 
