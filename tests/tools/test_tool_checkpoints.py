@@ -1,0 +1,134 @@
+"""Drafters as SpecForge, Model-Optimizer and speculators write them (``tool_writers``): the
+checkpoint reader's verdict on each, the weight names the loader takes, vLLM's own
+conversion of a speculators config, and the README's per-tool table rebuilt from them."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from safetensors import safe_open
+from tool_writers import ROW, ROWS, write
+
+from vllm_dartree.checkpoint import (
+    HEAD_PREFIXES,
+    DrafterConfigError,
+    DrafterLayout,
+    bare_weight_name,
+)
+from vllm_dartree.env import project_root
+
+# Every row that loads: the layout facts a wrong reading would change. Every tool here
+# writes mask 511 (the tiny target's last id) and target layers 0 and 1.
+LOADS = {
+    # name: (head, lattice, block_size, shift_label, confidence head, it reads the Markov row)
+    "specforge-dflash": (None, None, 16, False, False, False),
+    "specforge-domino": ("domino", None, 16, True, False, False),
+    "specforge-dspark": ("markov", None, 16, True, True, True),
+    "modelopt-dflash": (None, None, 16, False, False, False),
+    "modelopt-domino": ("domino", None, 16, True, False, False),
+    "modelopt-dspark": ("markov", None, 16, True, True, True),
+    "speculators-dflash-full_attention=True": (None, None, 8, False, False, False),
+    "speculators-dflash2-full_attention=True": (None, "dflash2", 8, False, False, False),
+    "speculators-dspark-full_attention=True": ("markov", None, 8, True, True, True),
+    # the anchor slot predicts the first draft token: the shift layout, block_size depths
+    "speculators-dflash-full_attention=True-sample_from_anchor=True":
+        (None, None, 8, True, False, False),
+    # the flag changes only sliding-window layers; full ones are bidirectional either way
+    "speculators-dflash-full_attention=True-sliding_window_non_causal=True":
+        (None, None, 8, False, False, False),
+}
+SLIDING = ("speculators {kind} config transformer_layer_config.layer_types = "
+           "['sliding_attention', 'sliding_attention']: draft layers [0, 1] use sliding-window "
+           "attention (speculators' default), which dartree does not serve; allowed: every "
+           "layer 'full_attention' (train with --full-attention-indices 0 1)")
+REFUSED = {f"speculators-{kind}": SLIDING.format(kind=kind)
+           for kind in ("dflash", "dflash2", "dspark")}
+SPECULATORS_LOADS = [name for name in LOADS if name.startswith("speculators")]
+
+
+def test_every_row_has_a_verdict():
+    assert set(LOADS) | set(REFUSED) == set(ROW) and not set(LOADS) & set(REFUSED)
+
+
+def verdict(name: str) -> DrafterLayout | str:
+    try:
+        return DrafterLayout.from_dir(write(ROW[name]))
+    except DrafterConfigError as error:
+        return str(error)
+
+
+@pytest.mark.parametrize("name", list(LOADS))
+def test_the_reader_reads_what_the_tool_wrote(name):
+    layout = verdict(name)
+    assert isinstance(layout, DrafterLayout), layout
+    assert (layout.head, layout.lattice, layout.block_size, layout.shift_label,
+            layout.confidence_head, layout.confidence_head_with_markov) == LOADS[name]
+    assert (layout.mask_token_id, layout.target_layer_ids) == (511, (0, 1))
+    layout.check_target(vocab=512, hidden=128, num_layers=2)
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_the_reader_refuses_with_the_field_and_the_training_flag(name):
+    assert verdict(name) == REFUSED[name]
+
+
+@pytest.mark.parametrize("name", [n for n, facts in LOADS.items() if facts[0]])
+def test_head_weights_reach_the_names_the_loader_reads(name):
+    """The head weights each tool writes, through the loader's name map, are exactly the
+    head parameters the drafter builds (Model-Optimizer's flat DSpark names included)."""
+    folder = write(ROW[name])
+    with safe_open(folder / "model.safetensors", "pt") as weights:
+        names = {bare_weight_name(n) for n in weights.keys()}
+    head = {n for n in names if n.startswith(HEAD_PREFIXES)}
+    expected = {
+        "domino": {"prefix_gru.weight_ih_l0", "prefix_gru.weight_hh_l0",
+                   "embed_proj.0.weight", "embed_proj.2.weight"},
+        "markov": {"markov_head.markov_w1.weight", "markov_head.markov_w2.weight",
+                   "confidence_head.proj.weight", "confidence_head.proj.bias"},
+    }[LOADS[name][0]]
+    assert head == expected
+
+
+@pytest.mark.parametrize("name", SPECULATORS_LOADS)
+def test_vllms_conversion_drops_block_size_and_the_engine_sets_it_back(name):
+    """vLLM's SpeculatorsConfig (what a dartree engine's drafter config is) drops a DFlash
+    or DFlash2 block_size and marks DFlash causal unless trained with
+    sliding_window_non_causal: read as it is, such a config is refused (never read as block
+    16); with the keys the engine sets from the checkpoint's own config.json every row
+    reads as the checkpoint."""
+    from vllm.transformers_utils.configs.speculators import SpeculatorsConfig
+
+    from vllm_dartree.integration.activation import set_speculators_keys
+
+    folder = write(ROW[name])
+    converted = SpeculatorsConfig.from_pretrained(str(folder))
+    if LOADS[name][0] != "markov":  # vLLM's update_dspark copies block_size
+        assert not hasattr(converted, "block_size")
+        raw = json.loads((folder / "config.json").read_text())
+        causal = converted.dflash_config["causal"]
+        assert causal == (not raw["sliding_window_non_causal"])  # DFlash2's default: True
+        with pytest.raises(DrafterConfigError,
+                           match="dflash_config.causal" if causal else "missing block_size"):
+            DrafterLayout.from_config(converted.to_dict())
+    set_speculators_keys(converted, json.loads((folder / "config.json").read_text()))
+    assert DrafterLayout.from_config(converted.to_dict()) == DrafterLayout.from_dir(folder)
+    if LOADS[name][0] == "markov":  # our drafter's name, not vLLM's Qwen3DSparkModel
+        assert converted.architectures == ["DFlashQwen3DSparkModel"]
+
+
+def test_the_readme_table_is_the_verdicts():
+    """Each row is named on one line of the README's per-tool table, whose dartree cell
+    says what the reader says (rows with one verdict may share a line)."""
+    readme = (project_root() / "README.md").read_text()
+    for row in ROWS:
+        lines = [line for line in readme.splitlines() if f"`{row.name}`" in line]
+        assert len(lines) == 1, row.name
+        cells = [cell.strip() for cell in lines[0].strip("|").split("|")]
+        said = cells[3]
+        if row.name in LOADS:
+            assert said.startswith("loads"), (row.name, said)
+        else:
+            assert said.startswith("refused"), (row.name, said)
+            assert re.search(r"--full-attention-indices", said), said
