@@ -132,3 +132,17 @@ def test_the_readme_table_is_the_verdicts():
         else:
             assert said.startswith("refused"), (row.name, said)
             assert re.search(r"--full-attention-indices", said), said
+
+
+def test_train_drafter_writes_a_domino_drafter_as_model_optimizer_does():
+    """``vllm-dartree train-drafter`` writes configs through DrafterLayout.to_config: for the
+    layout Model-Optimizer wrote, the same architecture and the same dflash_config (which
+    adds only its explicit causal = false) and top-level emb_dim."""
+    folder = write(ROW["modelopt-domino"])
+    theirs = json.loads((folder / "config.json").read_text())
+    ours = DrafterLayout.from_dir(folder).to_config()
+    assert ours["architectures"] == theirs["architectures"] == ["DFlashDraftModel"]
+    assert ours["emb_dim"] == theirs["emb_dim"] and ours["block_size"] == theirs["block_size"]
+    assert {k: v for k, v in theirs["dflash_config"].items() if k != "causal"} == \
+        ours["dflash_config"]
+    assert theirs["dflash_config"]["causal"] is False
