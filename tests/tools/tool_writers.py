@@ -61,6 +61,8 @@ ROWS = [
     Row("speculators", "dspark", FULL),
     Row("speculators", "dflash", {**FULL, "sample_from_anchor": True}),
     Row("speculators", "dflash", {**FULL, "sliding_window_non_causal": True}),
+    Row("speculators", "dflash2", {**FULL, "sample_from_anchor": True}),
+    Row("speculators", "dspark", {**FULL, "sample_from_anchor": False}),
 ]
 ROW = {row.name: row for row in ROWS}
 
