@@ -67,29 +67,40 @@ ROWS = [
 ROW = {row.name: row for row in ROWS}
 
 
-def write(row: Row) -> Path:
-    """The checkpoint folder of ``row``, written by the tool (in a subprocess) if absent."""
+def _payload(row: Row) -> str:
     version = importlib.metadata.version(row.tool)
     if version != TOOL_VERSIONS[row.tool]:
         raise RuntimeError(f"{row.tool} {version} is installed; these rows are pinned to "
                            f"{TOOL_VERSIONS[row.tool]} (make setup installs it)")
-    payload = json.dumps({**asdict(row), "version": version, "target": asdict(TARGET)},
-                         sort_keys=True)
-    digest = hashlib.sha256(payload.encode()).hexdigest()[:12]
-    out = cache_dir() / "models" / "tools" / f"{row.name}-{digest}"
+    return json.dumps({**asdict(row), "version": version, "target": asdict(TARGET)},
+                      sort_keys=True)
+
+
+def folder(row: Row) -> Path:
+    digest = hashlib.sha256(_payload(row).encode()).hexdigest()[:12]
+    return cache_dir() / "models" / "tools" / f"{row.name}-{digest}"
+
+
+def write(row: Row) -> Path:
+    """The checkpoint folder of ``row``. On a miss, one subprocess of the tool writes every
+    missing row of that tool (the tools take seconds to import)."""
+    out = folder(row)
     if (out / "config.json").exists():
         return out
+    missing = [r for r in ROWS if r.tool == row.tool and not (folder(r) / "config.json").exists()]
     target = write_target(TARGET)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{row.name}-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{row.tool}-", dir=out.parent))
+    jobs = [(asdict(r), str(tmp / r.name)) for r in missing]
     try:
-        subprocess.run([sys.executable, __file__, json.dumps(asdict(row)), str(target),
-                        str(tmp)], check=True, capture_output=True, text=True, timeout=600)
-        (tmp / "written-by.json").write_text(payload)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.replace(out)
+        subprocess.run([sys.executable, __file__, json.dumps(jobs), str(target)], check=True,
+                       capture_output=True, text=True, timeout=900)
+        for r in missing:
+            (tmp / r.name / "written-by.json").write_text(_payload(r))
+            shutil.rmtree(folder(r), ignore_errors=True)
+            (tmp / r.name).replace(folder(r))
     except subprocess.CalledProcessError as error:
-        raise RuntimeError(f"{row.tool} could not write {row.name}:\n"
+        raise RuntimeError(f"{row.tool} could not write {[r.name for r in missing]}:\n"
                            f"{error.stderr[-3000:]}") from error
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -167,8 +178,9 @@ def _speculators(row: Row, target: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    spec, target_dir, out_dir = sys.argv[1:]
-    the_row = Row(**json.loads(spec))
-    writer = {"specforge": _specforge, "nvidia-modelopt": _modelopt,
-              "speculators": _speculators}[the_row.tool]
-    writer(the_row, Path(target_dir), Path(out_dir))
+    all_jobs, target_dir = sys.argv[1:]
+    for spec, out_dir in json.loads(all_jobs):
+        the_row = Row(**spec)
+        writer = {"specforge": _specforge, "nvidia-modelopt": _modelopt,
+                  "speculators": _speculators}[the_row.tool]
+        writer(the_row, Path(target_dir), Path(out_dir))
