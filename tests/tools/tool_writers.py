@@ -97,6 +97,8 @@ def write(row: Row) -> Path:
                        capture_output=True, text=True, timeout=900)
         for r in missing:
             (tmp / r.name / "written-by.json").write_text(_payload(r))
+            if (folder(r) / "config.json").exists():  # written meanwhile by another process
+                continue
             shutil.rmtree(folder(r), ignore_errors=True)  # an incomplete earlier write
             try:
                 (tmp / r.name).replace(folder(r))
