@@ -541,6 +541,11 @@ def speculators_drafter_keys(config: dict[str, Any]) -> dict[str, Any]:
     if config.get("draft_vocab_size") is not None:
         keys["draft_vocab_size"] = int(config["draft_vocab_size"])
     if kind == "dspark":
+        if not anchor:
+            raise DrafterConfigError(
+                "speculators dspark config sample_from_anchor = False (the bonus-anchor "
+                "layout) is not supported; allowed: true (speculators' DSpark default: train "
+                "without --no-sample-from-anchor)")
         keys |= {"mask_token_id": config["mask_token_id"], "target_layer_ids": layer_ids,
                  "sample_from_anchor": anchor}
         keys |= {key: config[key] for key in ("markov_rank", "markov_head_type",
@@ -554,7 +559,8 @@ def speculators_drafter_keys(config: dict[str, Any]) -> dict[str, Any]:
         if anchor:
             raise DrafterConfigError(
                 "speculators dflash2 config sample_from_anchor = True is not supported; "
-                "allowed: false (vLLM's DFlash2 model drafts in the non-shift layout)")
+                "allowed: false (vLLM's DFlash2 model drafts in the non-shift layout: train "
+                "without --sample-from-anchor)")
         dflash |= {key: config[key] for key in LATTICE_REQUIRED_KEYS[DFLASH2] if key in config}
     elif anchor:
         dflash["shift_label"] = True  # the anchor slot predicts the first draft token

@@ -46,11 +46,12 @@ REFUSED = {f"speculators-{kind}": SLIDING.format(kind=kind)
            for kind in ("dflash", "dflash2", "dspark")} | {
     "speculators-dflash2-full_attention=True-sample_from_anchor=True":
         "speculators dflash2 config sample_from_anchor = True is not supported; allowed: false "
-        "(vLLM's DFlash2 model drafts in the non-shift layout)",
+        "(vLLM's DFlash2 model drafts in the non-shift layout: train without "
+        "--sample-from-anchor)",
     "speculators-dspark-full_attention=True-sample_from_anchor=False":
-        "DSpark drafter config sample_from_anchor = False (the speculators fill-in layout, "
-        "anchor as bonus) is not supported; allowed: absent or true (dense DSpark: the anchor "
-        "slot predicts the first draft token)",
+        "speculators dspark config sample_from_anchor = False (the bonus-anchor layout) is not "
+        "supported; allowed: true (speculators' DSpark default: train without "
+        "--no-sample-from-anchor)",
 }
 SPECULATORS_LOADS = [name for name in LOADS if name.startswith("speculators")]
 
