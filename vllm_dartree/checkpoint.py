@@ -423,7 +423,10 @@ def _refuse_causal_or_sliding(config: dict[str, Any]) -> None:
     if found:
         raise DrafterConfigError(
             f"drafter config sets {', '.join(found)}: causal or sliding-window DFlash "
-            "drafters are not supported (allowed: full non-causal block attention)")
+            "drafters are not supported (allowed: full non-causal block attention; "
+            "Model-Optimizer trains it with dflash_swa_window_size unset and "
+            "dflash_draft_attention 'bidirectional', speculators with "
+            f"{SPECULATORS_FULL_ATTENTION_FLAG} naming every draft layer)")
 
 
 def _domino_fields(config: dict[str, Any], architectures) -> dict[str, Any]:

@@ -53,6 +53,17 @@ REFUSED = {f"speculators-{kind}": SLIDING.format(kind=kind)
         "supported; allowed: true (speculators' DSpark default: train without "
         "--no-sample-from-anchor)",
 }
+MODELOPT_ATTENTION = (
+    "drafter config sets {field}: causal or sliding-window DFlash drafters are not supported "
+    "(allowed: full non-causal block attention; Model-Optimizer trains it with "
+    "dflash_swa_window_size unset and dflash_draft_attention 'bidirectional', speculators "
+    "with --full-attention-indices naming every draft layer)")
+REFUSED |= {
+    "modelopt-dflash-dflash_draft_attention=causal":
+        MODELOPT_ATTENTION.format(field="is_causal / dflash_config.causal"),
+    "modelopt-dflash-dflash_swa_window_size=32":
+        MODELOPT_ATTENTION.format(field="dflash_config.use_swa"),
+}
 SPECULATORS_LOADS = [name for name in LOADS if name.startswith("speculators")]
 
 
@@ -139,8 +150,8 @@ def test_the_readme_table_is_the_verdicts():
             assert said.startswith("loads"), (row.name, said)
         else:
             assert said.startswith("refused"), (row.name, said)
-            field = "layer_types" if "sliding-window" in REFUSED[row.name] else \
-                "sample_from_anchor"
+            field = next(f for f in ("layer_types", "sample_from_anchor", "causal", "use_swa")
+                         if f in REFUSED[row.name])
             assert field in said, (row.name, said)
 
 

@@ -56,6 +56,8 @@ ROWS = [
     Row("specforge", "dflash"), Row("specforge", "domino"), Row("specforge", "dspark"),
     Row("nvidia-modelopt", "dflash"), Row("nvidia-modelopt", "domino"),
     Row("nvidia-modelopt", "dspark"),
+    Row("nvidia-modelopt", "dflash", {"dflash_draft_attention": "causal"}),
+    Row("nvidia-modelopt", "dflash", {"dflash_swa_window_size": 32}),
     Row("speculators", "dflash"), Row("speculators", "dflash2"), Row("speculators", "dspark"),
     Row("speculators", "dflash", FULL), Row("speculators", "dflash2", FULL),
     Row("speculators", "dspark", FULL),
@@ -157,7 +159,7 @@ def _modelopt(row: Row, target: Path, out: Path) -> None:
     mtsp.convert(model, [("dflash", {
         "dflash_block_size": BLOCK, "dflash_mask_token_id": MASK,
         "dflash_architecture_config": {"num_hidden_layers": 2, "target_layer_ids": [0, 1],
-                                       **heads[row.kind]}})])
+                                       **heads[row.kind]}, **row.options})])
     model.get_exporter().export(out)
 
 
