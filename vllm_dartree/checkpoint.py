@@ -218,6 +218,13 @@ class DrafterLayout:
         dspark = nested_dspark or any(a in DSPARK_ARCHITECTURES for a in architectures)
         lattice = next((LATTICE_ARCHITECTURES[a] for a in architectures
                         if a in LATTICE_ARCHITECTURES), None)
+        if not nested_dspark and any(a in SPECFORGE_DSPARK_ARCHITECTURES
+                                     for a in architectures):
+            raise DrafterConfigError(
+                f"drafter config architectures = {list(architectures)} without "
+                f"dflash_config.projector_type = {NESTED_DSPARK!r}: dartree reads that name "
+                "as SpecForge's DSpark drafter, whose keys sit in dflash_config (vLLM's "
+                "DeepSeek-V4 DSpark drafter of that name is not served)")
         _refuse_unknown_architecture(architectures, dspark or lattice is not None)
         fields_of_head = (_dspark_fields(config, nested_dspark) if dspark
                           else _lattice_fields(config, lattice) if lattice

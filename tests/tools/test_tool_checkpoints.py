@@ -93,6 +93,16 @@ def test_the_reader_refuses_with_the_field_and_the_training_flag(name):
     assert verdict(name) == REFUSED[name]
 
 
+def test_specforges_dspark_name_needs_its_nested_keys():
+    """``DSparkDraftModel`` is also vLLM's DeepSeek-V4 DSpark drafter: without SpecForge's
+    dflash_config.projector_type "dspark" it is refused by name, not read as DFlash."""
+    raw = json.loads((write(ROW["specforge-dspark"]) / "config.json").read_text())
+    del raw["dflash_config"]["projector_type"]
+    with pytest.raises(DrafterConfigError, match=r"\['DSparkDraftModel'\] without "
+                                                 r"dflash_config.projector_type = 'dspark'"):
+        DrafterLayout.from_config(raw)
+
+
 @pytest.mark.parametrize("name", [n for n, facts in LOADS.items() if facts[0]])
 def test_head_weights_reach_the_names_the_loader_reads(name):
     """The head weights each tool writes, through the loader's name map, are exactly the
