@@ -36,6 +36,7 @@ TOOL_VERSIONS = {"specforge": "0.2.0", "nvidia-modelopt": "0.47.0", "speculators
 TARGET = TargetSpec()  # vocab 512, hidden 128, 2 layers, 4 heads / 2 KV heads of 32
 MASK = TARGET.vocab_size - 1
 BLOCK = 16  # SpecForge and Model-Optimizer rows (speculators: its defaults)
+WRITER_REVISION = 3  # part of each row's cache key: bump when a writer changes
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,8 @@ def _payload(row: Row) -> str:
     if version != TOOL_VERSIONS[row.tool]:
         raise RuntimeError(f"{row.tool} {version} is installed; these rows are pinned to "
                            f"{TOOL_VERSIONS[row.tool]} (make setup installs it)")
-    return json.dumps({**asdict(row), "version": version, "target": asdict(TARGET)},
-                      sort_keys=True)
+    return json.dumps({**asdict(row), "version": version, "target": asdict(TARGET),
+                       "writer": WRITER_REVISION}, sort_keys=True)
 
 
 def folder(row: Row) -> Path:
@@ -142,7 +143,16 @@ def _specforge(row: Row, target: Path, out: Path) -> None:
         tie_word_embeddings=False, block_size=BLOCK,
         num_target_layers=TARGET.num_hidden_layers, architectures=[cls.__name__],
         dflash_config={"mask_token_id": MASK, "target_layer_ids": [0, 1], **extra})
-    cls(config).save_pretrained(out)
+    model = cls(config)
+    # Untrained heads at SpecForge's init (std 0.02) change no argmax; larger weights make
+    # the head decide tokens, so reading it wrong changes the draft (weights are what
+    # training would change; the format is the tool's).
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.startswith(("prefix_gru.", "embed_proj.", "markov_head.")):
+                fan_in = param.shape[-1] if param.dim() > 1 else 1
+                param.normal_(0.0, 1.0 if "markov_w1" in name else 8.0 / fan_in ** 0.5)
+    model.save_pretrained(out)
 
 
 def _modelopt(row: Row, target: Path, out: Path) -> None:

@@ -1,0 +1,105 @@
+"""The drafter a dartree engine builds from a SpecForge checkpoint computes what SpecForge's own
+model computes: the engine's first draft after a prompt's prefill (a chain over every depth,
+top_k = V: the full-vocabulary argmax) is captured, and SpecForge 0.2.0's ``forward`` and
+heads (``specforge_forward.py``, in a subprocess) are run on the same context features and
+block. The block slots each depth reads (shift or not), the backbone's outputs there, and
+the chain's tokens under SpecForge's own head (Domino's GRU, DSpark's Markov bias) must
+agree: this is what "read as the tool wrote it" means beyond the config's fields."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from test_tool_checkpoints import LOADS
+from tool_writers import ROW, TARGET, write
+
+from vllm_dartree.harness.engine import generate_ids
+from vllm_dartree.models.tiny import random_prompts, write_target
+
+pytestmark = pytest.mark.e2e
+
+PROMPT = random_prompts(1, TARGET.vocab_size, seed=31, min_len=23, max_len=23)[0]
+REL_TOL = 1e-4
+SCRIPT = Path(__file__).with_name("specforge_forward.py")
+
+
+def capture_first_draft(llm) -> dict:
+    """The engine's first drafter call for PROMPT: its context features, root, per-depth
+    hidden states and the chain it proposed."""
+    from vllm import SamplingParams
+
+    from vllm_dartree.integration.v1.proposer import DARTreeProposer
+
+    seen: dict = {}
+    draft_block, propose = DARTreeProposer._draft_block, DARTreeProposer.propose
+
+    def capturing_draft_block(self, target_token_ids, target_positions, target_hidden_states,
+                              next_token_ids, *rest):
+        out = draft_block(self, target_token_ids, target_positions, target_hidden_states,
+                          next_token_ids, *rest)
+        if "depth_hidden" not in seen:
+            seen.update(tokens=target_token_ids.clone(), context=target_hidden_states.clone(),
+                        root=int(next_token_ids[0]), depth_hidden=self.depth_hidden_of(out)[0],
+                        mask=self.layout.mask_token_id, block_size=self.layout.block_size)
+        return out
+
+    def capturing_propose(self, *args, **kwargs):
+        tokens = propose(self, *args, **kwargs)
+        seen.setdefault("chain", torch.as_tensor(tokens[0]).clone())
+        return tokens
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DARTreeProposer, "_draft_block", capturing_draft_block)
+        patch.setattr(DARTreeProposer, "propose", capturing_propose)
+        generate_ids(llm, [PROMPT], SamplingParams(temperature=0.0, max_tokens=4,
+                                                   ignore_eos=True))
+    assert "chain" in seen, "the engine never called the drafter"
+    return seen
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    scale = max(1.0, expected.abs().max().item())
+    return (actual.float() - expected.float()).abs().max().item() <= REL_TOL * scale
+
+
+@pytest.mark.parametrize("name", ["specforge-dflash", "specforge-domino", "specforge-dspark"])
+def test_the_engines_drafter_computes_what_specforge_computes(engines, tiny_target, tmp_path,
+                                                             name):
+    folder = write(ROW[name])
+    head = LOADS[name][0]
+    llm = engines.get(model=str(tiny_target), max_num_seqs=1, speculative_config={
+        "method": "dartree", "model": str(folder), "tree": "chain", "top_k": TARGET.vocab_size,
+        "num_speculative_tokens": 16, "correction": head is not None})
+    seen = capture_first_draft(llm)
+    assert seen["tokens"].tolist() == PROMPT
+    block = torch.tensor([seen["root"]] + [seen["mask"]] * (seen["block_size"] - 1))
+    depths = seen["depth_hidden"].shape[0]
+    chain = seen["chain"][:depths].long().cpu()
+    save_file({"context": seen["context"].float().cpu().contiguous(), "block": block,
+               "chain": chain}, str(tmp_path / "inputs.safetensors"))
+    done = subprocess.run([sys.executable, str(SCRIPT), str(folder), str(write_target(TARGET)),
+                           str(tmp_path / "inputs.safetensors"), str(tmp_path / "out.safetensors")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = load_file(str(tmp_path / "out.safetensors"))
+    shift = LOADS[name][3]
+    # The slots each depth reads: 0..15 (shift, 16 depths) or 1..15 (z-lab's, 15 depths).
+    assert depths == (16 if shift else 15)
+    slots = theirs["hidden"][0 if shift else 1:][:depths]
+    assert close(seen["depth_hidden"].cpu(), slots)
+    lm_head = load_file(str(write_target(TARGET) / "model.safetensors"))["lm_head.weight"]
+    logits = base = slots @ lm_head.T
+    if head is not None:
+        logits = theirs["corrected"]
+        # the head decides some depths (else this would not test reading it)
+        assert (logits.argmax(-1) != base.argmax(-1)).any()
+    # Every drafted token is SpecForge's argmax given the chain before it (ties to 1e-4).
+    best = logits.max(dim=-1).values
+    picked = logits.gather(1, chain[:, None])[:, 0]
+    assert ((best - picked) <= REL_TOL * best.abs().clamp(min=1.0)).all(), (
+        chain.tolist(), logits.argmax(-1).tolist())
