@@ -178,8 +178,9 @@ def test_prefix_caching_and_preemption(engines, tiny_target, tiny_domino, preemp
     assert preemptions
 
 
-def test_prefix_reading_sampling_falls_back_to_chain(engines, tiny_target, tiny_domino):
-    """Penalties read the drafted prefix: such batches are verified as chains, exactly."""
+def test_a_batch_of_prefix_readers_verifies_as_chains(engines, tiny_target, tiny_domino):
+    """Penalties read the drafted prefix: a batch where every request does is verified by
+    vLLM's own chain path, exactly (mixed batches: test_mixed_sampling_e2e.py)."""
     from vllm import SamplingParams
 
     sampling = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True,

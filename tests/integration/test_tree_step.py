@@ -378,8 +378,8 @@ def test_target_layers_leave_out_drafter_and_recurrent_layers():
                for entry in found)
 
 
-def test_a_batch_reads_the_drafted_prefix_if_one_request_does():
-    from vllm_dartree.step.verify_plan import batch_reads_drafted_prefix
+def test_only_requests_that_read_the_drafted_prefix_verify_as_chains():
+    from vllm_dartree.step.verify_plan import chain_requests
 
     def params(**changes):
         plain = dict(presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0,
@@ -387,9 +387,28 @@ def test_a_batch_reads_the_drafted_prefix_if_one_request_does():
                      min_p=0.0, logprobs=None, structured_outputs=None)
         return SimpleNamespace(sampling_params=SimpleNamespace(**(plain | changes)))
 
-    requests = {"a": params(), "b": params(logprobs=2), "c": SimpleNamespace()}
-    assert not batch_reads_drafted_prefix(requests, ["a", "c", "missing"])
-    assert batch_reads_drafted_prefix(requests, ["a", "b"])
+    requests = {"a": params(), "b": params(logprobs=2), "c": SimpleNamespace(),
+                "d": params(repetition_penalty=1.2), "e": params(min_tokens=3)}
+    assert chain_requests(requests, ["a", "b", "c", "missing", "d", "e"]) == [
+        False, True, False, False, True, True]
+
+
+def test_a_chain_request_verifies_every_scheduled_row_as_a_chain_beside_trees():
+    """r2's sampling reads its drafted prefix: its three scheduled rows become a chain over
+    their tokens (each row's parent the row before), whatever the proposal held; r1 keeps
+    its tree."""
+    gen = torch.Generator().manual_seed(11)
+    step, trees, _ = make_step(gen)
+    chains = [False, False, True, False, False]
+    plan = step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, CHAIN_TOKENS, False, chains)
+    assert step.chain_rows == chains
+    r1, r2 = plan.req_ids.index("r1"), plan.req_ids.index("r2")
+    assert torch.equal(plan.tree.parents[r1], trees["r1"].parents[0])
+    assert plan.tree.parents[r2, :3].tolist() == [0, 1, 2]
+    assert plan.tree.depths[r2, :3].tolist() == [1, 2, 3]
+    assert plan.tree.tokens[r2, :3].tolist() == trees["r2"].tokens[0, :3].tolist()
+    assert plan.tree.valid[r2].tolist() == [True] * 3 + [False] * (BUDGET - 3)
+    assert not plan.chains
 
 
 def test_chain_proposals_make_chain_plans():

@@ -207,3 +207,21 @@ def test_causal_rows_see_exactly_the_rows_before_them(seed, budget):
                   for j in range(1, budget + 1)]
         expected = next((j for j, ok in enumerate(causal) if not ok), budget)
         assert count == expected
+
+
+def test_where_requests_takes_each_request_from_its_tree():
+    from vllm_dartree.tree import chain_tree, where_requests
+
+    chains = chain_tree(torch.tensor([[1, 2, 3], [4, 5, 6]]))
+    trees = chain_tree(torch.tensor([[7, 8, 9], [10, 11, 12]]))
+    trees.parents[:, 2] = 0  # node 3 a sibling of node 1
+    trees.depths[:, 2] = 1
+    trees.max_depth = 2
+    merged = where_requests(torch.tensor([True, False]), chains, trees)
+    assert merged.tokens.tolist() == [[1, 2, 3], [10, 11, 12]]
+    assert merged.parents.tolist() == [[0, 1, 2], [0, 1, 0]]
+    assert merged.depths.tolist() == [[1, 2, 3], [1, 2, 1]]
+    assert merged.max_depth == 3
+    with pytest.raises(ValueError, match="budgets"):
+        where_requests(torch.tensor([True, False]), chains,
+                       chain_tree(torch.tensor([[1, 2], [3, 4]])))

@@ -64,8 +64,10 @@ def test_other_drafters_match_target_only(request, engines, tiny_target, baselin
     assert generate_ids(llm, PROMPTS, greedy()) == baseline
 
 
-def test_prefix_reading_sampling_falls_back_to_chain(engines, tiny_target, tiny_domino):
-    """Penalties read the drafted prefix: such batches go to vLLM's own rejection sampler."""
+def test_a_batch_of_prefix_readers_verifies_as_chains(engines, tiny_target, tiny_domino):
+    """Penalties read the drafted prefix: every request of such a batch is a chain of its own,
+    its rows processed by vLLM's sampler in chain order (mixed batches:
+    test_v2_mixed_sampling.py)."""
     sampling = greedy(repetition_penalty=1.3, presence_penalty=0.5)
     expected = generate_ids(engines.get(model=str(tiny_target), **BATCH), PROMPTS[:4], sampling)
     llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **BATCH)

@@ -23,7 +23,7 @@ from vllm_dartree.config import DARTreeConfig, carried_layout, carried_settings
 from vllm_dartree.step.budget_report import BudgetReport
 from vllm_dartree.step.profile import StepProfile
 from vllm_dartree.step.tree_step import TreeStep
-from vllm_dartree.tree import DraftTree, build_tree, depth_first
+from vllm_dartree.tree import DraftTree, build_tree, depth_first, where_requests
 from vllm_dartree.tree.budget import (
     AdaptiveBudget,
     AutoWidth,
@@ -247,25 +247,41 @@ class TreeDrafting:
         return choice
 
     def finish_proposal(self, depth_hidden: torch.Tensor, roots: torch.Tensor,
-                        req_ids: list[str], chain: bool, started: float, written_ms: float
-                        ) -> tuple[DraftTree, list[int] | None]:
+                        req_ids: list[str], chain_rows: list[bool], started: float,
+                        written_ms: float) -> tuple[DraftTree, list[int] | None]:
         """The end of a drafted step: one tree per request ``req_ids[r]`` from the drafter's
-        per-depth hidden states [R, D, H] and the roots [R] (``chain``: the batch is
-        verified as chains, so each gets the drafter's best chain), handed to the engine's
+        per-depth hidden states [R, D, H] and the roots [R] (``chain_rows[r]``: the request
+        verifies as a chain, so it gets the drafter's best chain), handed to the engine's
         step for the next step's verification. With the adaptive budget the trees are the
         nodes it chose (priority order), and the proposal's wall time since ``started``
         (``time.perf_counter()``; ``written_ms`` of it wrote held context) is recorded.
         Returns (the trees handed over, each request's node count to schedule; None without
         the adaptive budget)."""
-        tree = self.build_trees(depth_hidden, roots, chain)
+        all_chains = all(chain_rows)
+        tree = self.build_trees(depth_hidden, roots, all_chains)
         counts = None
         if self.budget_policy is not None:
             choice = self.choose_nodes(tree, depth_hidden, roots)
             tree, counts = choice.tree, choice.counts
+        if any(chain_rows) and not all_chains:
+            tree, counts = self._with_chains(tree, counts, depth_hidden, roots, chain_rows)
         self.tree_step.hand_over(list(req_ids), tree,
-                                 chains=chain or self.settings.tree == "chain")
+                                 chains=all_chains or self.settings.tree == "chain")
         if self.budget_policy is not None:
             self._record_drafting(True, started, written_ms)
+        return tree, counts
+
+    def _with_chains(self, tree: DraftTree, counts: list[int] | None,
+                     depth_hidden: torch.Tensor, roots: torch.Tensor, chain_rows: list[bool]
+                     ) -> tuple[DraftTree, list[int] | None]:
+        """``tree`` with the drafter's best chain for every request of ``chain_rows`` (the
+        verify plan lays such a request's rows out as a chain: ``verify_plan.build_plan``)."""
+        chains = self.build_trees(depth_hidden, roots, chain=True)
+        mask = torch.tensor(chain_rows, device=tree.tokens.device)
+        tree = where_requests(mask, chains, tree)
+        if counts is not None:
+            counts = [self.tree_depths if chain else count
+                      for chain, count in zip(chain_rows, counts)]
         return tree, counts
 
     def record_pause(self, started: float, written_ms: float) -> None:

@@ -82,16 +82,22 @@ class TreeStep:
         self._accepted: AcceptedPaths | None = None  # this step's paths, for the context
         self._forward_end: float | None = None  # profile clock at the forward's end (V1)
         self._forward_start: float | None = None  # profile clock at the forward's start (V2)
+        # This step's requests (batch order) whose drafts are chains of their own.
+        self.chain_rows: list[bool] = []
 
     # ---- phase 1: plan (after vLLM laid the step's tokens out) --------------------------
     def plan(self, req_ids: list[str], num_drafts: list[int] | None,
              num_scheduled: np.ndarray, chain_drafts: dict[str, list[int]],
-             verify_as_chain: bool) -> VerifyPlan | None:
+             verify_as_chain: bool, chain_rows: list[bool] | None = None
+             ) -> VerifyPlan | None:
         """Lay out this step's tree verification; None when vLLM verifies it (no drafts, or
-        a batch whose sampling reads the drafted prefix). A step without drafts has no plan,
-        so its forward and attention run as in plain decoding (the adaptive budget's paused
-        steps)."""
+        ``verify_as_chain``: every request's draft is a chain vLLM verifies itself). A step
+        without drafts has no plan, so its forward and attention run as in plain decoding
+        (the adaptive budget's paused steps). ``chain_rows[i]``: request ``req_ids[i]``'s
+        sampling reads its drafted prefix (``verify_plan.reads_drafted_prefix``), so its
+        drafts are a chain, this step's and the next proposal's (:attr:`chain_rows`)."""
         StepProfile.new_round(self.device)
+        self.chain_rows = list(chain_rows or [False] * len(req_ids))
         self._time_previous_step(len(req_ids), int(np.sum(num_scheduled[: len(req_ids)])),
                                  0 if num_drafts is None else int(sum(num_drafts)))
         self.step += 1
@@ -106,7 +112,7 @@ class TreeStep:
         self._proposed_in = None if proposal is None else proposal.step
         self._plan = build_plan(self.step, req_ids[: len(num_drafts)], num_drafts,
                                 num_scheduled, proposal, chain_drafts, self.budget,
-                                self.device)
+                                self.device, chain_rows)
         return self._plan
 
     def _time_previous_step(self, requests: int, rows: int, nodes: int) -> None:
@@ -119,6 +125,10 @@ class TreeStep:
             started, *shape = self._last_plan
             self.budget_policy.observe_step(*shape, (now - started) * 1e3)
         self._last_plan = (now, requests, rows, nodes)
+
+    def has_plan(self) -> bool:
+        """This step verifies trees (its plan awaits acceptance)."""
+        return self._plan is not None
 
     # ---- phase 2: the target forward ----------------------------------------------------
     @contextmanager

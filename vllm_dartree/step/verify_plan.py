@@ -30,6 +30,7 @@ from vllm_dartree.tree import (
     select_requests,
     stack_trees,
     truncate,
+    where_requests,
 )
 
 
@@ -85,13 +86,15 @@ class AcceptedPaths:
 
 def build_plan(step: int, req_ids: list[str], num_drafts: list[int],
                num_scheduled: np.ndarray, proposal: Proposal | None,
-               chain_drafts: dict[str, list[int]], budget: int,
-               device: torch.device) -> VerifyPlan | None:
+               chain_drafts: dict[str, list[int]], budget: int, device: torch.device,
+               chain_rows: list[bool] | None = None) -> VerifyPlan | None:
     """The plan of a step, or None when no request has drafts.
 
     ``req_ids``/``num_drafts`` are vLLM's batch (order and draft rows per request),
     ``num_scheduled`` the tokens scheduled per request; drafts of a request the proposal has
     no tree for verify as a chain over ``chain_drafts[req_id]`` (e.g. after a preemption).
+    A request of ``chain_rows`` (batch order) verifies every scheduled row as a chain node,
+    whatever the proposal's tree: vLLM's chain machinery reads its rows in that order.
     """
     drafts = np.asarray(num_drafts, dtype=np.int64)
     verified = np.flatnonzero(drafts > 0)
@@ -114,7 +117,11 @@ def build_plan(step: int, req_ids: list[str], num_drafts: list[int],
     }
     dev = {k: to_device(v, device) for k, v in host.items()}
     ids = [req_ids[i] for i in verified]
-    tree = truncate(gather_trees(ids, proposal, chain_drafts, budget, device), dev["num_drafts"])
+    tree = gather_trees(ids, proposal, chain_drafts, budget, device)
+    if chain_rows is not None and any(chain_rows[i] for i in verified):
+        mask = to_device(np.asarray(chain_rows)[verified], device).bool()
+        tree = where_requests(mask, chain_tree(tree.tokens), tree)
+    tree = truncate(tree, dev["num_drafts"])
     # Requests the proposal has no tree for verify as chains.
     chains = proposal is None or proposal.chains
     return VerifyPlan(
@@ -185,15 +192,19 @@ def write_depth_positions(buffer: torch.Tensor, sequential: torch.Tensor,
     return set_depth_positions(positions, plan)
 
 
-def accepted_row_order(accepted: AcceptedPaths, num_tokens: int) -> torch.Tensor:
+def accepted_row_order(accepted: AcceptedPaths, num_tokens: int,
+                       segment_starts: torch.Tensor | None = None) -> torch.Tensor:
     """A permutation of the step's token rows putting each path's rows first, in path order.
 
     Rows of a request's verify segment are [root, node 1, ..., node n]; the accepted nodes
     move to the front of that segment (root stays first), the others keep their order behind
-    them. Rows outside verify segments are unchanged.
+    them. Rows outside verify segments are unchanged. ``segment_starts`` [T]: each verified
+    request's root row when they are not the token rows (``plan.node_logit_rows[:, 0]`` for
+    the step's logits rows, with ``num_tokens`` its logits rows).
     """
     plan = accepted.plan
     device = plan.root_row.device
+    starts = plan.root_row if segment_starts is None else segment_starts
     size = 1 + plan.tree.budget
     nodes = accepted.accepted_nodes  # [T, D+1], -1 padded
     # Rank of each node on the path (size = not on the path); padding goes to a spare column.
@@ -207,9 +218,9 @@ def accepted_row_order(accepted: AcceptedPaths, num_tokens: int) -> torch.Tensor
     key = torch.where(path_rank < size, path_rank, size + columns)
     key = torch.where(scheduled, key, 3 * size)
     sorted_nodes = key.argsort(dim=1, stable=True)  # [T, 1+B] node index per new slot
-    rows = plan.root_row.unsqueeze(1) + sorted_nodes
+    rows = starts.unsqueeze(1) + sorted_nodes
     # Unscheduled slots write to a scratch row past the end instead of being masked out.
-    dest = torch.where(scheduled, plan.root_row.unsqueeze(1) + columns, num_tokens)
+    dest = torch.where(scheduled, starts.unsqueeze(1) + columns, num_tokens)
     order = torch.arange(num_tokens + 1, device=device)
     order[dest] = torch.where(scheduled, rows, num_tokens)
     return order[:num_tokens]
@@ -234,9 +245,11 @@ def compaction_pairs(accepted: AcceptedPaths, slot_mapping: torch.Tensor
     return slot_mapping[src_rows.flatten()], slot_mapping[dst_rows.flatten()]
 
 
-def needs_chain_verification(sampling_params) -> bool:
-    """Requests whose sampling reads the drafted prefix (or needs per-token logprobs) are
-    verified as chains: vLLM's own chain machinery then handles them exactly."""
+def reads_drafted_prefix(sampling_params) -> bool:
+    """Whether a request's sampling reads its drafted prefix (penalties, bad words, allowed
+    token ids, logit bias, min_tokens, min_p, logprobs, structured output, a thinking
+    budget): its draft is a chain of its own, whose rows vLLM's sampling machinery processes
+    in chain order (its ancestors); its batch-mates keep their trees."""
     sp = sampling_params
     if sp is None:
         return False
@@ -248,11 +261,8 @@ def needs_chain_verification(sampling_params) -> bool:
     )
 
 
-def batch_reads_drafted_prefix(requests: Mapping[str, Any], req_ids: Iterable[str]) -> bool:
-    """Whether some request ``req_ids[i]`` of a batch has sampling that reads the drafted
-    prefix (:func:`needs_chain_verification` of its state's ``sampling_params``, ``requests``
-    holding each request's state by id): vLLM then verifies the whole batch as chains, and
-    the drafter hands it chains. (V2's model state keeps the same answer per request row,
-    computed once per request.)"""
-    return any(needs_chain_verification(getattr(requests.get(r), "sampling_params", None))
-               for r in req_ids)
+def chain_requests(requests: Mapping[str, Any], req_ids: Iterable[str]) -> list[bool]:
+    """:func:`reads_drafted_prefix` of each request ``req_ids[i]`` (``requests`` holding
+    each request's state, with its ``sampling_params``, by id)."""
+    return [reads_drafted_prefix(getattr(requests.get(r), "sampling_params", None))
+            for r in req_ids]

@@ -28,6 +28,7 @@ from vllm_dartree.tree.types import (
     verify_positions,
     verify_tokens,
     verify_visibility,
+    where_requests,
 )
 
 __all__ = [
@@ -57,4 +58,5 @@ __all__ = [
     "verify_positions",
     "verify_tokens",
     "verify_visibility",
+    "where_requests",
 ]

@@ -78,6 +78,18 @@ def stack_trees(trees: list[DraftTree]) -> DraftTree:
     )
 
 
+def where_requests(mask: torch.Tensor, chosen: DraftTree, other: DraftTree) -> DraftTree:
+    """Per request ``r``: ``chosen``'s tree where ``mask[r]`` (bool [R]), else ``other``'s
+    (both of the same budget)."""
+    if chosen.budget != other.budget:
+        raise ValueError(f"trees of budgets {chosen.budget} and {other.budget}")
+    rows = mask.view(-1, 1)
+    fields = ("tokens", "parents", "depths", "valid", "scores")
+    merged = {f: torch.where(rows, getattr(chosen, f), getattr(other, f)) for f in fields}
+    return DraftTree(**merged, num_nodes=torch.where(mask, chosen.num_nodes, other.num_nodes),
+                     max_depth=max(chosen.depth_limit, other.depth_limit))
+
+
 def select_requests(tree: DraftTree, index: torch.Tensor) -> DraftTree:
     """The trees of requests ``index`` [T] (a gather: any order, repeats allowed)."""
     return DraftTree(tree.tokens[index], tree.parents[index], tree.depths[index],

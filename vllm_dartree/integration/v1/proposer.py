@@ -29,7 +29,6 @@ from vllm_dartree.integration.lora import use_base_layers
 from vllm_dartree.integration.tensor_parallel import same_on_every_rank
 from vllm_dartree.step.drafting import TreeDrafting
 from vllm_dartree.step.profile import StepProfile
-from vllm_dartree.step.verify_plan import batch_reads_drafted_prefix
 
 
 class DARTreeProposer(DFlashProposer, TreeDrafting):
@@ -95,9 +94,9 @@ class DARTreeProposer(DFlashProposer, TreeDrafting):
         depth_hidden = self.depth_hidden_of(depth_hidden)
         runner = self.target_runner
         req_ids = runner.input_batch.req_ids[: depth_hidden.shape[0]]
-        # A batch vLLM verifies as a chain gets the drafter's best chain.
-        chain = batch_reads_drafted_prefix(runner.requests, req_ids)
-        tree, counts = self.finish_proposal(depth_hidden, next_token_ids, req_ids, chain,
+        # Requests verified as chains get the drafter's best chain (the plan's verdict).
+        chains = self.tree_step.chain_rows[: len(req_ids)]
+        tree, counts = self.finish_proposal(depth_hidden, next_token_ids, req_ids, chains,
                                             started, written_ms)
         if counts is None:
             return tree.tokens

@@ -23,7 +23,7 @@ from vllm_dartree.step.drafting import dartree_settings
 from vllm_dartree.step.kv_mover import KvMover, LayerKv, target_layers_kv
 from vllm_dartree.step.tree_step import STEP_ATTR, TreeStep
 from vllm_dartree.step.verifier import TreeVerifier
-from vllm_dartree.step.verify_plan import batch_reads_drafted_prefix
+from vllm_dartree.step.verify_plan import chain_requests
 
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 
@@ -106,9 +106,10 @@ class VerifyLayout(V1RunnerPatch):
             if step is not None:
                 spec = result[1]  # SpecDecodeMetadata, None for a step without drafts
                 req_ids = list(self.input_batch.req_ids)
+                chains = chain_requests(self.requests, req_ids)
                 step.plan(req_ids, None if spec is None else list(spec.num_draft_tokens),
                           num_scheduled_tokens, scheduler_output.scheduled_spec_decode_tokens,
-                          verify_as_chain=batch_reads_drafted_prefix(self.requests, req_ids))
+                          chain_rows=chains, verify_as_chain=all(chains))
             return result
 
         return _prepare_inputs
@@ -149,6 +150,7 @@ class TreeSampler(V1RunnerPatch):
 
     @classmethod
     def replacement(cls, original):
+        import torch
         from vllm.v1.outputs import SamplerOutput
 
         @functools.wraps(original)
@@ -163,12 +165,22 @@ class TreeSampler(V1RunnerPatch):
                 self.input_batch.update_async_output_token_ids()
                 return self.sampler(logits=logits,
                                     sampling_metadata=self.input_batch.sampling_metadata)
+            if not step.has_plan():  # a step vLLM verifies itself
+                return original(self, logits, spec_decode_metadata)
+            chains = [i for i, chain in enumerate(step.chain_rows) if chain]
+            # Requests whose sampling reads the drafted prefix verify their chains through
+            # vLLM's rejection sampler (penalties, bad words, min_tokens, logprobs over the
+            # chain's prefix); it runs over the whole batch, whose other rows are dropped.
+            by_vllm = original(self, logits, spec_decode_metadata) if chains else None
             self.input_batch.update_async_output_token_ids()
             sampled = step.accept(logits, self.input_batch.sampling_metadata,
                                   spec_decode_metadata.max_spec_len)
-            if sampled is None:  # a step vLLM verifies itself
-                return original(self, logits, spec_decode_metadata)
-            return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
+            if by_vllm is None:
+                return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
+            rows = torch.tensor(chains, device=sampled.device)
+            sampled[rows] = by_vllm.sampled_token_ids[rows].to(sampled.dtype)
+            return SamplerOutput(sampled_token_ids=sampled,
+                                 logprobs_tensors=by_vllm.logprobs_tensors)
 
         return _sample
 

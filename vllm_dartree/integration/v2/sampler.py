@@ -15,16 +15,18 @@ from typing import Any
 
 import torch
 from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
+from vllm.v1.worker.gpu.sample.logprob import compute_topk_scores
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
 
-from vllm_dartree.step.verify_plan import VerifyPlan
+from vllm_dartree.step.verify_plan import AcceptedPaths, VerifyPlan, accepted_row_order
 
 
 class TreeRejectionSampler:
     def __init__(self, sampler: Any, vllm_config, model_state) -> None:
         self.sampler = sampler
         self.model_state = model_state
+        self._processed: torch.Tensor | None = None  # this step's processed logits
         # Chain batches; greedy drafts (no draft logits), vLLM's standard rejection.
         self.chain_sampler = RejectionSampler(sampler, vllm_config.speculative_config,
                                               model_state.device)
@@ -41,19 +43,49 @@ class TreeRejectionSampler:
         plan = paths.plan
         num_sampled = torch.ones(input_batch.num_reqs, dtype=torch.int32, device=logits.device)
         num_sampled[plan.batch_index] = paths.num_accepted.to(torch.int32)
+        logprobs = self.path_logprobs(logits, input_batch, sampled, num_sampled, paths)
         num_sampled, num_rejected = get_num_sampled_and_rejected(
             num_sampled, input_batch.seq_lens, input_batch.cu_num_logits,
             input_batch.idx_mapping, self.sampler.req_states.prefill_len.gpu)
-        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None, num_nans=None,
-                             num_sampled=num_sampled, num_rejected=num_rejected)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs,
+                             num_nans=None, num_sampled=num_sampled,
+                             num_rejected=num_rejected)
 
     def target_choice(self, logits: torch.Tensor, input_batch, plan: VerifyPlan
                       ) -> torch.Tensor:
         """The target's token at every logits row, each row at its (depth) position."""
         rows = input_batch.logits_indices
         positions = self.model_state.positions[rows]
-        tokens, _ = self.sampler.sample(
+        tokens, self._processed = self.sampler.sample(
             logits, input_batch.expanded_idx_mapping, input_batch.idx_mapping,
             input_batch.idx_mapping_np, positions, input_batch.input_ids[rows],
             input_batch.expanded_local_pos, input_batch.seq_lens_cpu_upper_bound.numpy())
         return tokens.to(torch.int64)
+
+    def path_logprobs(self, logits: torch.Tensor, input_batch, sampled: torch.Tensor,
+                      num_sampled: torch.Tensor, paths: AcceptedPaths):
+        """vLLM's logprobs tensors of the sampled tokens, each from the logits row of the
+        node it was drawn at (the accepted path's rows, in path order), as vLLM's samplers
+        lay them out: request r's j-th token at logits row ``cu_num_logits[r] + j``; None
+        when no request asks for logprobs."""
+        processed, self._processed = self._processed, None
+        dims = self.sampler.get_logprobs_dims(input_batch.idx_mapping_np)
+        if dims is None:
+            return None
+        if self.sampler.logprobs_mode.startswith("processed"):
+            logits = processed
+        plan = paths.plan
+        order = accepted_row_order(paths, plan.num_logit_rows, plan.node_logit_rows[:, 0])
+        cu = input_batch.cu_num_logits
+        columns = torch.arange(sampled.shape[1], device=sampled.device)
+        rows = cu[:-1].unsqueeze(1).to(torch.int64) + columns
+        kept = columns < num_sampled.unsqueeze(1)
+        flat = torch.zeros(plan.num_logit_rows + 1, dtype=sampled.dtype, device=sampled.device)
+        flat[torch.where(kept, rows, plan.num_logit_rows)] = sampled  # scratch row last
+        num_logprobs, per_request_ids = dims
+        return compute_topk_scores(
+            logits[order], num_logprobs, flat[:-1], input_batch.cu_num_logits_np.tolist(),
+            logprob_token_ids_state=self.sampler.logprob_token_ids_state,
+            expanded_idx_mapping=input_batch.expanded_idx_mapping,
+            max_per_req_token_ids=per_request_ids,
+            logits_mode=self.sampler.logprobs_mode in ("raw_logits", "processed_logits"))

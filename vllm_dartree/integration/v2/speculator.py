@@ -157,8 +157,7 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
         roots = self.input_buffers.input_ids[: num_reqs * block: block]
         tree, counts = self.finish_proposal(
             self.depth_hidden_of(query), roots, list(input_batch.req_ids[:num_reqs]),
-            self.model_state.batch_reads_drafted_prefix(input_batch), started,
-            self._written_ms)
+            self.tree_step.chain_rows[:num_reqs], started, self._written_ms)
         if counts is not None:
             setattr(input_batch, COUNTS_ATTR, counts)
         self.draft_tokens[:num_reqs].copy_(tree.tokens)

@@ -1,0 +1,86 @@
+"""The mixed-sampling batch both runners' suites run: plain greedy and seeded requests beside
+requests whose sampling reads the drafted prefix (penalties, allowed ids, min_tokens,
+logprobs), on the trained pair. Each request must decode as it does target-only; the
+prefix readers verify as chains of their own, the rest keep their trees."""
+
+from __future__ import annotations
+
+from vllm_dartree.harness.engine import spec_decode_counters
+from vllm_dartree.models.tiny import random_prompts
+from vllm_dartree.models.tiny_pair import TRAINED_TARGET
+
+MAX_TOKENS = 32
+VOCAB = TRAINED_TARGET.vocab_size
+PROMPTS = random_prompts(12, VOCAB, seed=31, min_len=3, max_len=30)
+ENGINE = {"max_num_seqs": len(PROMPTS), "max_num_batched_tokens": 2048}
+# One parameter per request that reads the drafted prefix (index -> SamplingParams keys).
+READERS = {
+    0: {"repetition_penalty": 1.3},
+    1: {"presence_penalty": 1.5, "frequency_penalty": 0.5},
+    2: {"allowed_token_ids": list(range(0, VOCAB, 2))},
+    3: {"logprobs": 2},
+}
+SEEDED = {6: 7, 7: 8}  # index -> seed of a T = 0.8 request
+
+
+def params(index: int, mixed: bool = True):
+    from vllm import SamplingParams
+
+    extra = READERS.get(index, {}) if mixed else {}
+    if index in SEEDED:
+        return SamplingParams(temperature=0.8, seed=SEEDED[index], max_tokens=MAX_TOKENS,
+                              ignore_eos=True)
+    return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, **extra)
+
+
+def generate(llm, indices: list[int], mixed: bool = True):
+    """{index: (token ids, logprobs or None)} of the requests ``indices``, one batch."""
+    from vllm.inputs import TokensPrompt
+
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=PROMPTS[i]) for i in indices],
+                           [params(i, mixed) for i in indices], use_tqdm=False)
+    return {i: (list(o.outputs[0].token_ids), o.outputs[0].logprobs)
+            for i, o in zip(indices, outputs)}
+
+
+def acceptance_length(llm) -> float:
+    counters = spec_decode_counters(llm)
+    return 1 + counters["num_accepted_tokens"] / counters["num_drafts"]
+
+
+PLAIN = [i for i in range(len(PROMPTS)) if i not in READERS and i not in SEEDED]
+
+
+def tree_acceptance(llm, indices: list[int], mixed: bool) -> tuple[dict, dict[int, float]]:
+    """Outputs of ``indices`` in one batch, and each plain request's mean tokens per
+    verified step, from the tree verifier's accepted paths (an observer)."""
+    from vllm_dartree.step.verifier import TreeVerifier
+
+    accepted: dict[str, list[int]] = {}
+
+    def record(paths) -> None:
+        for req_id, count in zip(paths.plan.req_ids, paths.num_accepted.tolist()):
+            accepted.setdefault(req_id, []).append(count)
+
+    with TreeVerifier.observing(record):
+        before = set(accepted)
+        out = generate(llm, indices, mixed)
+    ids = sorted(set(accepted) - before, key=lambda r: int(r.split("-")[0]))
+    by_index = dict(zip(indices, ids))
+    return out, {i: sum(accepted[by_index[i]]) / len(accepted[by_index[i]]) for i in PLAIN}
+
+
+def check_parameters_change_tokens(target_only: dict, plain: dict) -> None:
+    """The fixture can fail: every reader's parameter changes its tokens (logprobs, which
+    does not, is checked by value)."""
+    for i, keys in READERS.items():
+        if "logprobs" not in keys:
+            assert target_only[i][0] != plain[i][0], keys
+
+
+def check_logprobs(expected: list, found: list, tol: float = 1e-4) -> None:
+    assert found is not None and len(found) == len(expected)
+    for want, got in zip(expected, found):
+        assert set(want) == set(got)
+        for token, value in want.items():
+            assert abs(value.logprob - got[token].logprob) <= tol
