@@ -1,15 +1,18 @@
-"""The drafter a dartree engine builds from a SpecForge checkpoint computes what SpecForge's own
-model computes: the engine's first draft after a prompt's prefill (a chain over every depth,
-top_k = V: the full-vocabulary argmax) is captured, and SpecForge 0.2.0's ``forward`` and
-heads (``specforge_forward.py``, in a subprocess) are run on the same context features and
-block. The block slots each depth reads (shift or not), the backbone's outputs there, and
-the chain's tokens under SpecForge's own head (Domino's GRU, DSpark's Markov bias) must
-agree: this is what "read as the tool wrote it" means beyond the config's fields."""
+"""The drafter a dartree engine builds from a SpecForge or Model-Optimizer checkpoint computes
+what the tool's own model computes: the engine's first draft after a prompt's prefill (a
+chain over every depth, top_k = V: the full-vocabulary argmax) is captured, and the tool's
+own forward and heads (``tool_forward.py``, in a subprocess) run on the same context
+features and block. The block slots each depth reads (shift or not), the backbone's outputs
+there, the chain's tokens under the tool's own head (Domino's GRU, DSpark's Markov bias) and
+DSpark's confidence must agree: this is what "read as the tool wrote it" means beyond the
+config's fields."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -25,7 +28,9 @@ pytestmark = pytest.mark.e2e
 
 PROMPT = random_prompts(1, TARGET.vocab_size, seed=31, min_len=23, max_len=23)[0]
 REL_TOL = 1e-4
-SCRIPT = Path(__file__).with_name("specforge_forward.py")
+SCRIPT = Path(__file__).with_name("tool_forward.py")
+ROWS = ["specforge-dflash", "specforge-domino", "specforge-dspark", "modelopt-dflash",
+        "modelopt-domino", "modelopt-dspark"]
 
 
 def capture_first_draft(llm) -> dict:
@@ -43,7 +48,8 @@ def capture_first_draft(llm) -> dict:
         out = draft_block(self, target_token_ids, target_positions, target_hidden_states,
                           next_token_ids, *rest)
         if "depth_hidden" not in seen:
-            seen.update(tokens=target_token_ids.clone(), context=target_hidden_states.clone(),
+            seen.update(model=self.model, tokens=target_token_ids.clone(),
+                        context=target_hidden_states.clone(),
                         root=int(next_token_ids[0]), depth_hidden=self.depth_hidden_of(out)[0],
                         mask=self.layout.mask_token_id, block_size=self.layout.block_size)
         return out
@@ -67,8 +73,8 @@ def close(actual: torch.Tensor, expected: torch.Tensor) -> bool:
     return (actual.float() - expected.float()).abs().max().item() <= REL_TOL * scale
 
 
-@pytest.mark.parametrize("name", ["specforge-dflash", "specforge-domino", "specforge-dspark"])
-def test_the_engines_drafter_computes_what_specforge_computes(engines, tiny_target, tmp_path,
+@pytest.mark.parametrize("name", ROWS)
+def test_the_engines_drafter_computes_what_the_tool_computes(engines, tiny_target, tmp_path,
                                                              name):
     folder = write(ROW[name])
     head = LOADS[name][0]
@@ -82,7 +88,8 @@ def test_the_engines_drafter_computes_what_specforge_computes(engines, tiny_targ
     chain = seen["chain"][:depths].long().cpu()
     save_file({"context": seen["context"].float().cpu().contiguous(), "block": block,
                "chain": chain}, str(tmp_path / "inputs.safetensors"))
-    done = subprocess.run([sys.executable, str(SCRIPT), str(folder), str(write_target(TARGET)),
+    done = subprocess.run([sys.executable, str(SCRIPT), json.dumps(asdict(ROW[name])),
+                           str(folder), str(write_target(TARGET)),
                            str(tmp_path / "inputs.safetensors"), str(tmp_path / "out.safetensors")],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -103,3 +110,9 @@ def test_the_engines_drafter_computes_what_specforge_computes(engines, tiny_targ
     picked = logits.gather(1, chain[:, None])[:, 0]
     assert ((best - picked) <= REL_TOL * best.abs().clamp(min=1.0)).all(), (
         chain.tolist(), logits.argmax(-1).tolist())
+    if "confidence" in theirs:  # DSpark: the adaptive budget's acceptance estimate
+        previous = torch.cat([torch.tensor([seen["root"]]), chain[:-1]])
+        with torch.no_grad():
+            ours = seen["model"].chain_confidence(seen["depth_hidden"][None],
+                                                  previous[None].to(seen["depth_hidden"].device))
+        assert ours is not None and close(ours[0].cpu(), theirs["confidence"])

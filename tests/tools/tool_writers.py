@@ -36,7 +36,7 @@ TOOL_VERSIONS = {"specforge": "0.2.0", "nvidia-modelopt": "0.47.0", "speculators
 TARGET = TargetSpec()  # vocab 512, hidden 128, 2 layers, 4 heads / 2 KV heads of 32
 MASK = TARGET.vocab_size - 1
 BLOCK = 16  # SpecForge and Model-Optimizer rows (speculators: its defaults)
-WRITER_REVISION = 3  # part of each row's cache key: bump when a writer changes
+WRITER_REVISION = 4  # part of each row's cache key: bump when a writer changes
 
 
 @dataclass(frozen=True)
@@ -144,18 +144,28 @@ def _specforge(row: Row, target: Path, out: Path) -> None:
         num_target_layers=TARGET.num_hidden_layers, architectures=[cls.__name__],
         dflash_config={"mask_token_id": MASK, "target_layer_ids": [0, 1], **extra})
     model = cls(config)
-    # Untrained heads at SpecForge's init (std 0.02) change no argmax; larger weights make
-    # the head decide tokens, so reading it wrong changes the draft (weights are what
-    # training would change; the format is the tool's).
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.startswith(("prefix_gru.", "embed_proj.", "markov_head.")):
-                fan_in = param.shape[-1] if param.dim() > 1 else 1
-                param.normal_(0.0, 1.0 if "markov_w1" in name else 8.0 / fan_in ** 0.5)
+    _enlarge_heads(model)
     model.save_pretrained(out)
 
 
-def _modelopt(row: Row, target: Path, out: Path) -> None:
+def _enlarge_heads(model) -> None:
+    """Untrained heads at the tools' init (std 0.02) change no argmax; larger weights make
+    the head decide tokens, so reading it wrong changes the draft (weights are what training
+    changes; the format stays the tool's)."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() > 1 and any(part in name for part in HEAD_PARTS):
+                param.normal_(0.0, 1.0 if "markov_w1" in name else 8.0 / param.shape[-1] ** 0.5)
+
+
+HEAD_PARTS = ("prefix_gru.", "embed_proj.", "markov_head.", "markov_w", "confidence_")
+
+
+def modelopt_model(row: Row, target: Path):
+    """The tiny target converted by Model-Optimizer for ``row`` (its draft module at the
+    tool's init, heads enlarged as above)."""
     import modelopt.torch.speculative as mtsp
     import torch
     from transformers import AutoModelForCausalLM
@@ -170,7 +180,12 @@ def _modelopt(row: Row, target: Path, out: Path) -> None:
         "dflash_block_size": BLOCK, "dflash_mask_token_id": MASK,
         "dflash_architecture_config": {"num_hidden_layers": 2, "target_layer_ids": [0, 1],
                                        **heads[row.kind]}, **row.options})])
-    model.get_exporter().export(out)
+    _enlarge_heads(model.dflash_module)
+    return model
+
+
+def _modelopt(row: Row, target: Path, out: Path) -> None:
+    modelopt_model(row, target).get_exporter().export(out)
 
 
 def _speculators(row: Row, target: Path, out: Path) -> None:
