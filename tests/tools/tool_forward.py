@@ -1,9 +1,10 @@
 """A training tool's own drafter forward and heads, run in a subprocess of
 ``test_tool_drafter_equivalence.py`` (the tools are never imported beside a vLLM engine).
 
-``python tool_forward.py ROW DRAFTER TARGET INPUTS OUT``: INPUTS (safetensors) holds the
-context features a vLLM engine fed its drafter (``context`` [L, n*H]), the block's token ids
-(``block`` [root, mask x (B - 1)]) and the chain the engine drafted (``chain`` [D]). OUT gets
+``python tool_forward.py JOBS``, JOBS a JSON list of (row, drafter, target, INPUTS, OUT):
+INPUTS (safetensors) holds the context features a vLLM engine fed its drafter (``context``
+[L, n*H]), the block's token ids (``block`` [root, mask x (B - 1)]) and the chain the engine
+drafted (``chain`` [D]). OUT gets
 the tool's draft outputs at every block slot (``hidden`` [B, H]), non-causal as the tool
 runs it, and for a head, what the tool's own head code gives each drafted position when the
 previous tokens are the engine's chain: ``corrected`` logits [D, V] (Domino's GRU, DSpark's
@@ -89,16 +90,18 @@ def modelopt(row, drafter: str, target: str, context, block, chain) -> dict:
     return out
 
 
-def main(row_json: str, drafter: str, target: str, inputs_path: str, out_path: str) -> None:
+def main(jobs_json: str) -> None:
+    """Each job: (row, drafter, target, inputs, out)."""
     from tool_writers import Row
 
     torch.set_num_threads(1)
-    row = Row(**json.loads(row_json))
-    inputs = load_file(inputs_path)
-    args = (drafter, target, inputs["context"], inputs["block"], inputs["chain"])
-    with torch.no_grad():
-        out = specforge(*args) if row.tool == "specforge" else modelopt(row, *args)
-    save_file({k: v.float().contiguous() for k, v in out.items()}, out_path)
+    for row_dict, drafter, target, inputs_path, out_path in json.loads(jobs_json):
+        row = Row(**row_dict)
+        inputs = load_file(inputs_path)
+        args = (drafter, target, inputs["context"], inputs["block"], inputs["chain"])
+        with torch.no_grad():
+            out = specforge(*args) if row.tool == "specforge" else modelopt(row, *args)
+        save_file({k: v.float().contiguous() for k, v in out.items()}, out_path)
 
 
 if __name__ == "__main__":
