@@ -65,7 +65,10 @@ def run(llm, prompts, mix: str, vocab: int, loras) -> dict:
                                use_tqdm=False, lora_request=loras)
     seconds = time.perf_counter() - started
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    steps = {o.request_id: accepted.get(o.request_id, []) for o in outputs}
+    # vLLM's engine-side ids extend the output's request id ("<id>-<suffix>").
+    steps = {o.request_id: next((v for k, v in accepted.items()
+                                 if k == o.request_id or k.startswith(o.request_id + "-")), [])
+             for o in outputs}
     result = {"tokens": tokens, "seconds": seconds, "steps": list(steps.values())}
     if before:  # vLLM's counters: every verify step, whoever verified it
         after = spec_decode_counters(llm)

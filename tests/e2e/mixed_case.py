@@ -84,3 +84,44 @@ def check_logprobs(expected: list, found: list, tol: float = 1e-4) -> None:
         assert set(want) == set(got)
         for token, value in want.items():
             assert abs(value.logprob - got[token].logprob) <= tol
+
+
+# Structured outputs (xgrammar, vLLM's default backend) beside plain requests: a tiny target
+# with a tokenizer; every third request a regex, every third a choice.
+TEXT_PROMPTS = ["def foo(x):", "import os\n", "class A:", "for i in range(10):", "x = [1, 2",
+                "print("]
+
+
+def structured_params(index: int, constrained: bool = True):
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    grammar = (StructuredOutputsParams(regex=r"[a-z]+ = [0-9]+(, [0-9]+)*") if index % 3 == 0
+               else StructuredOutputsParams(choice=["yes please", "no thanks", "maybe later"])
+               if index % 3 == 1 else None)
+    if not constrained or grammar is None:
+        return SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    return SamplingParams(temperature=0.0, max_tokens=24, structured_outputs=grammar)
+
+
+def generate_structured(llm, constrained: bool = True) -> list[str]:
+    outputs = llm.generate(TEXT_PROMPTS, [structured_params(i, constrained)
+                                          for i in range(len(TEXT_PROMPTS))], use_tqdm=False)
+    return [o.outputs[0].text for o in outputs]
+
+
+def check_structured_outputs_beside_trees(engines) -> None:
+    """Regex and choice requests beside plain requests' trees, dartree against target-only
+    on a tiny target with a tokenizer; the grammar must change every constrained text."""
+    from vllm_dartree.models import tiny
+
+    spec = tiny.TargetSpec(with_tokenizer=True)
+    target = str(tiny.write_target(spec))
+    drafter = str(tiny.write_drafter(tiny.DrafterSpec(target=spec, domino=True)))
+    llm = engines.get(model=target, skip_tokenizer_init=False, max_num_seqs=8)
+    expected = generate_structured(llm)
+    free = generate_structured(llm, constrained=False)
+    assert all(expected[i] != free[i] for i in range(len(expected)) if i % 3 != 2)
+    llm = engines.get(model=target, skip_tokenizer_init=False, max_num_seqs=8,
+                      speculative_config={"method": "dartree", "model": drafter})
+    assert generate_structured(llm) == expected

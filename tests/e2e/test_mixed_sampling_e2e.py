@@ -15,6 +15,7 @@ from mixed_case import (
     SEEDED,
     check_logprobs,
     check_parameters_change_tokens,
+    check_structured_outputs_beside_trees,
     generate,
     tree_acceptance,
 )
@@ -49,3 +50,10 @@ def test_mixed_batch_matches_target_only_request_by_request(engines, pair, targe
     for i in PLAIN:
         assert mixed_acceptance[i] >= 0.95 * alone[i], (i, mixed_acceptance[i], alone[i])
     assert sum(alone.values()) / len(alone) > 1.5  # drafts are accepted
+
+
+def test_structured_outputs_beside_trees_match_target_only(engines):
+    """Regex and choice requests (their drafts chains, the grammar's bitmask in chain order)
+    beside plain requests' trees: every text equals target-only's, and the grammar changes
+    every constrained request's text."""
+    check_structured_outputs_beside_trees(engines)
