@@ -30,14 +30,16 @@ Two released formats share one schema (a Qwen3 config plus DFlash keys):
     lilicorr_logit_scale}`` (optional: the DFlash2 conv keys, both or neither).
 
 The training tools write these formats with their own names, read here as they come
-(``tests/integration/test_tool_checkpoints.py`` writes each with the tool's own code):
+(``tests/tools/tool_writers.py`` writes each with the tool's own code):
 
 - SpecForge 0.2.0 (``model.save_pretrained`` of its draft classes): DFlash as z-lab;
   Domino as ``architectures: ["DominoDraftModel"]`` (vLLM's method "dflash" prefixes it:
   ``DFlashDominoDraftModel``); DSpark as ``["DSparkDraftModel"]`` (``DFlashDSparkDraftModel``)
   with its keys nested in ``dflash_config`` (``projector_type: "dspark"``, ``markov_rank``,
   ``markov_head_type``, ``enable_confidence_head`` or ``confidence_head_alpha`` > 0,
-  ``confidence_head_with_markov``), trained in the shift layout.
+  ``confidence_head_with_markov``), trained in the shift layout (its training labels slot k
+  with position anchor + k + 1; its own ``spec_generate`` reads slots 1..B-1 instead, which
+  the reader does not follow).
 - Model-Optimizer 0.47.0 (``DFlashExporter`` and subclasses): ``["DFlashDraftModel"]`` for
   all three heads; Domino's keys as z-lab/Domino; DSpark's nested in ``dflash_config``
   (``projector_type: "dspark"``, ``shift_label``, ``markov_rank``, ``markov_head_type``,
