@@ -71,7 +71,11 @@ ROW = {row.name: row for row in ROWS}
 
 
 def _payload(row: Row) -> str:
-    version = importlib.metadata.version(row.tool)
+    try:
+        version = importlib.metadata.version(row.tool)
+    except importlib.metadata.PackageNotFoundError as missing:
+        raise RuntimeError(f"{row.tool} is not installed (make setup installs "
+                           f"{row.tool}=={TOOL_VERSIONS[row.tool]})") from missing
     if version != TOOL_VERSIONS[row.tool]:
         raise RuntimeError(f"{row.tool} {version} is installed; these rows are pinned to "
                            f"{TOOL_VERSIONS[row.tool]} (make setup installs it)")
