@@ -52,6 +52,20 @@ def test_mixed_batch_matches_target_only_request_by_request(engines, pair, targe
     assert sum(alone.values()) / len(alone) > 1.5  # drafts are accepted
 
 
+def test_mixed_batch_at_tp2_matches_target_only(engines, pair, target_only,
+                                                one_core_per_rank):
+    """The mixed batch at TP=2 (mp executor), against TP=1 target-only."""
+    llm = engines.get(model=str(pair[0]), **ENGINE, tensor_parallel_size=2,
+                      distributed_executor_backend="mp", speculative_config={
+                          "method": "dartree", "model": str(pair[1])})
+    out = generate(llm, EVERY)
+    for i in EVERY:
+        if i not in SEEDED:
+            assert out[i][0] == target_only[i][0], (i, READERS.get(i))
+    logprobs = next(i for i, keys in READERS.items() if "logprobs" in keys)
+    check_logprobs(target_only[logprobs][1], out[logprobs][1])
+
+
 def test_structured_outputs_beside_trees_match_target_only(engines):
     """Regex and choice requests (their drafts chains, the grammar's bitmask in chain order)
     beside plain requests' trees: every text equals target-only's, and the grammar changes

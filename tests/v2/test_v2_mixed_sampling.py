@@ -24,7 +24,10 @@ from mixed_case import (
 pytestmark = pytest.mark.e2e
 
 EVERY = list(range(len(PROMPTS)))
-VARIANTS = [("pruned-cpu-defaults", {}), ("fixed", {"tree": "fixed", "top_k": 32})]
+# (name, speculative-config keys, engine keys); the CUDA path: vLLM's TRITON_ATTN with the
+# Triton tree attention and KV mover (every kernel in Triton's interpreter).
+VARIANTS = [("pruned-cpu-defaults", {}, {}), ("fixed", {"tree": "fixed", "top_k": 32}, {}),
+            ("pruned-cuda-path", {}, {"attention_backend": "TRITON_ATTN"})]
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +38,11 @@ def target_only(engines, pair):
     return out
 
 
-@pytest.mark.parametrize(("name", "settings"), VARIANTS, ids=[v[0] for v in VARIANTS])
+@pytest.mark.parametrize(("name", "settings", "engine"), VARIANTS,
+                         ids=[v[0] for v in VARIANTS])
 def test_mixed_batch_matches_target_only_request_by_request_on_v2(engines, pair, target_only,
-                                                                  name, settings):
-    llm = engines.get(model=str(pair[0]), **ENGINE, speculative_config={
+                                                                  name, settings, engine):
+    llm = engines.get(model=str(pair[0]), **ENGINE, **engine, speculative_config={
         "method": "dartree", "model": str(pair[1]), **settings})
     out, mixed_acceptance = tree_acceptance(llm, EVERY, mixed=True)
     # V2 draws by seed and position: seeded requests too, token for token.
