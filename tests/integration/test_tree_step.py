@@ -379,7 +379,7 @@ def test_target_layers_leave_out_drafter_and_recurrent_layers():
 
 
 def test_only_requests_that_read_the_drafted_prefix_verify_as_chains():
-    from vllm_dartree.step.verify_plan import chain_requests
+    from vllm_dartree.step.verify_plan import chain_requests_on_v1, reads_drafted_prefix
 
     def params(**changes):
         plain = dict(presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0,
@@ -389,8 +389,11 @@ def test_only_requests_that_read_the_drafted_prefix_verify_as_chains():
 
     requests = {"a": params(), "b": params(logprobs=2), "c": SimpleNamespace(),
                 "d": params(repetition_penalty=1.2), "e": params(min_tokens=3)}
-    assert chain_requests(requests, ["a", "b", "c", "missing", "d", "e"]) == [
+    assert chain_requests_on_v1(requests, ["a", "b", "c", "missing", "d", "e"]) == [
         False, True, False, False, True, True]
+    # V2's tree sampler applies logprobs and min_tokens row by row: only "d" reads its prefix.
+    assert [reads_drafted_prefix(requests[r].sampling_params) for r in "abde"] == [
+        False, False, True, False]
 
 
 def test_a_chain_request_verifies_every_scheduled_row_as_a_chain_beside_trees():

@@ -1,9 +1,10 @@
 """A batch of mixed sampling parameters on a dartree engine (V2 runner, vLLM's CPU
-attention): the requests whose sampling reads the drafted prefix (penalties, allowed token
-ids, logprobs) verify as chains of their own, each row processed by vLLM's sampler in chain
-order, in the same step as the other requests' trees (logprobs from each sampled token's
-own row); every request decodes as it does target-only, and the plain requests keep the
-acceptance they have in a batch of their own."""
+attention): the requests whose sampling reads the drafted prefix (penalties) verify as
+chains of their own, each row processed by vLLM's sampler in chain order, in the same step
+as the other requests' trees; allowed token ids and logprobs are applied on trees, row by
+row (logprobs from each sampled token's own node); every request decodes as it does
+target-only, and the plain requests keep the acceptance they have in a batch of their
+own."""
 
 from __future__ import annotations
 

@@ -93,9 +93,10 @@ class TreeStep:
         """Lay out this step's tree verification; None when vLLM verifies it (no drafts, or
         ``verify_as_chain``: every request's draft is a chain vLLM verifies itself). A step
         without drafts has no plan, so its forward and attention run as in plain decoding
-        (the adaptive budget's paused steps). ``chain_rows[i]``: request ``req_ids[i]``'s
-        sampling reads its drafted prefix (``verify_plan.reads_drafted_prefix``), so its
-        drafts are a chain, this step's and the next proposal's (:attr:`chain_rows`)."""
+        (the adaptive budget's paused steps). ``chain_rows[i]``: request ``req_ids[i]``
+        verifies as a chain (``verify_plan.reads_drafted_prefix``; on V1
+        ``verifies_as_chain_on_v1``), its drafts this step's and the next proposal's
+        (:attr:`chain_rows`)."""
         StepProfile.new_round(self.device)
         self.chain_rows = list(chain_rows or [False] * len(req_ids))
         self._time_previous_step(len(req_ids), int(np.sum(num_scheduled[: len(req_ids)])),

@@ -246,23 +246,33 @@ def compaction_pairs(accepted: AcceptedPaths, slot_mapping: torch.Tensor
 
 
 def reads_drafted_prefix(sampling_params) -> bool:
-    """Whether a request's sampling reads its drafted prefix (penalties, bad words, allowed
-    token ids, logit bias, min_tokens, min_p, logprobs, structured output, a thinking
-    budget): its draft is a chain of its own, whose rows vLLM's sampling machinery processes
-    in chain order (its ancestors); its batch-mates keep their trees."""
+    """Whether a request's sampling reads its drafted prefix (presence, frequency and
+    repetition penalties, bad words, structured output, a thinking budget): its draft is a
+    chain of its own, whose rows vLLM's sampling machinery processes in chain order (each
+    row's ancestors); its batch-mates keep their trees. V2's tree sampler applies every
+    other parameter row by row, at the row's depth position."""
     sp = sampling_params
     if sp is None:
         return False
     return bool(
         sp.presence_penalty or sp.frequency_penalty or sp.repetition_penalty != 1.0
-        or sp.bad_words or sp.allowed_token_ids or sp.logit_bias or sp.min_tokens
-        or sp.min_p or sp.logprobs is not None or sp.structured_outputs is not None
+        or sp.bad_words or sp.structured_outputs is not None
         or getattr(sp, "thinking_token_budget", None)
     )
 
 
-def chain_requests(requests: Mapping[str, Any], req_ids: Iterable[str]) -> list[bool]:
-    """:func:`reads_drafted_prefix` of each request ``req_ids[i]`` (``requests`` holding
+def verifies_as_chain_on_v1(sampling_params) -> bool:
+    """V1: :func:`reads_drafted_prefix`, or sampling the tree verifier does not apply
+    (allowed token ids, logit bias, min_tokens, min_p, logprobs): vLLM's rejection sampler
+    verifies such a request's chain."""
+    sp = sampling_params
+    return reads_drafted_prefix(sp) or (sp is not None and bool(
+        sp.allowed_token_ids or sp.logit_bias or sp.min_tokens or sp.min_p
+        or sp.logprobs is not None))
+
+
+def chain_requests_on_v1(requests: Mapping[str, Any], req_ids: Iterable[str]) -> list[bool]:
+    """:func:`verifies_as_chain_on_v1` of each request ``req_ids[i]`` (``requests`` holding
     each request's state, with its ``sampling_params``, by id)."""
-    return [reads_drafted_prefix(getattr(requests.get(r), "sampling_params", None))
+    return [verifies_as_chain_on_v1(getattr(requests.get(r), "sampling_params", None))
             for r in req_ids]

@@ -23,7 +23,7 @@ from vllm_dartree.step.drafting import dartree_settings
 from vllm_dartree.step.kv_mover import KvMover, LayerKv, target_layers_kv
 from vllm_dartree.step.tree_step import STEP_ATTR, TreeStep
 from vllm_dartree.step.verifier import TreeVerifier
-from vllm_dartree.step.verify_plan import chain_requests
+from vllm_dartree.step.verify_plan import chain_requests_on_v1
 
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 
@@ -106,7 +106,7 @@ class VerifyLayout(V1RunnerPatch):
             if step is not None:
                 spec = result[1]  # SpecDecodeMetadata, None for a step without drafts
                 req_ids = list(self.input_batch.req_ids)
-                chains = chain_requests(self.requests, req_ids)
+                chains = chain_requests_on_v1(self.requests, req_ids)
                 step.plan(req_ids, None if spec is None else list(spec.num_draft_tokens),
                           num_scheduled_tokens, scheduler_output.scheduled_spec_decode_tokens,
                           chain_rows=chains, verify_as_chain=all(chains))
