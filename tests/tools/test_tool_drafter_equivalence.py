@@ -30,7 +30,9 @@ PROMPT = random_prompts(1, TARGET.vocab_size, seed=31, min_len=23, max_len=23)[0
 REL_TOL = 1e-4
 SCRIPT = Path(__file__).with_name("tool_forward.py")
 ROWS = ["specforge-dflash", "specforge-domino", "specforge-dspark", "modelopt-dflash",
-        "modelopt-domino", "modelopt-dspark"]
+        "modelopt-domino", "modelopt-dspark", "speculators-dflash-full_attention=True",
+        "speculators-dflash-full_attention=True-sample_from_anchor=True",
+        "speculators-dspark-full_attention=True"]
 
 
 def capture_first_draft(llm) -> dict:
@@ -115,10 +117,10 @@ def both_sides(engines, tiny_target, tmp_path_factory) -> dict:
 def test_the_engines_drafter_computes_what_the_tool_computes(both_sides, name):
     seen, theirs = both_sides[name]
     assert seen["tokens"].tolist() == PROMPT
-    head, shift = LOADS[name][0], LOADS[name][3]
+    head, block, shift = LOADS[name][0], LOADS[name][2], LOADS[name][3]
     chain, depths = seen["chain"], seen["depth_hidden"].shape[0]
-    # The slots each depth reads: 0..15 (shift, 16 depths) or 1..15 (z-lab's, 15 depths).
-    assert depths == (16 if shift else 15)
+    # The slots each depth reads: 0..B-1 (shift, B depths) or 1..B-1 (z-lab's, B - 1).
+    assert depths == (block if shift else block - 1)
     slots = theirs["hidden"][0 if shift else 1:][:depths]
     assert close(seen["depth_hidden"], slots)
     lm_head = load_file(str(write_target(TARGET) / "model.safetensors"))["lm_head.weight"]

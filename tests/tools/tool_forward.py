@@ -90,6 +90,39 @@ def modelopt(row, drafter: str, target: str, context, block, chain) -> dict:
     return out
 
 
+def speculators(row, drafter: str, target: str, context, block, chain) -> dict:
+    """speculators has no one-block inference forward: its modules (fc, hidden_norm, the
+    decoder layers, norm, rotary embedding, lm_head and its heads), assembled as its
+    ``_backbone_forward`` and DSpark ``forward`` run them for one anchored block whose context
+    is every earlier position (full-attention layers, no mask: bidirectional)."""
+    from speculators.models.dflash.core import DFlashDraftModel
+    from speculators.models.dspark.core import DSparkDraftModel
+
+    cls = DSparkDraftModel if row.kind == "dspark" else DFlashDraftModel
+    model = cls.from_pretrained(drafter).float().eval()
+    model.load_verifier_weights()  # embed_tokens and lm_head from the verifier, as it does
+    length, size = context.shape[0], block.shape[0]
+    positions = torch.arange(length + size)[None]
+    fused = model.hidden_norm(model.fc(context[None]))
+    states = model.embed_tokens(block[None])
+    rope = model.rotary_emb(states, positions)
+    for layer in model.layers:
+        states = layer(hidden_states=states, target_hidden=fused, attention_mask=None,
+                       position_ids=positions, use_cache=False, position_embeddings=rope)
+    hidden = model.norm(states)[0]
+    out = {"hidden": hidden}
+    if row.kind == "dspark":  # sample_from_anchor: slot k's previous token is position p + k
+        previous = torch.cat([block[:1], chain[: size - 1]])[None]
+        prev_emb = model.markov_head.prev_embeddings(previous)
+        bias = model.markov_head.block_bias(prev_token_ids=previous, hidden_states=hidden[None],
+                                            prev_emb=prev_emb)
+        depths = chain.shape[0]
+        out["corrected"] = (model.lm_head(hidden) + bias[0])[:depths]
+        features = torch.cat([hidden[None], prev_emb.to(hidden.dtype)], dim=-1)
+        out["confidence"] = torch.sigmoid(model.confidence_head(features))[0, :depths]
+    return out
+
+
 def main(jobs_json: str) -> None:
     """Each job: (row, drafter, target, inputs, out)."""
     from tool_writers import Row
@@ -100,7 +133,9 @@ def main(jobs_json: str) -> None:
         inputs = load_file(inputs_path)
         args = (drafter, target, inputs["context"], inputs["block"], inputs["chain"])
         with torch.no_grad():
-            out = specforge(*args) if row.tool == "specforge" else modelopt(row, *args)
+            out = (specforge(*args) if row.tool == "specforge"
+                   else modelopt(row, *args) if row.tool == "nvidia-modelopt"
+                   else speculators(row, *args))
         save_file({k: v.float().contiguous() for k, v in out.items()}, out_path)
 
 

@@ -36,7 +36,7 @@ TOOL_VERSIONS = {"specforge": "0.2.0", "nvidia-modelopt": "0.47.0", "speculators
 TARGET = TargetSpec()  # vocab 512, hidden 128, 2 layers, 4 heads / 2 KV heads of 32
 MASK = TARGET.vocab_size - 1
 BLOCK = 16  # SpecForge and Model-Optimizer rows (speculators: its defaults)
-WRITER_REVISION = 4  # part of each row's cache key: bump when a writer changes
+WRITER_REVISION = 6  # part of each row's cache key: bump when a writer changes
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ def _enlarge_heads(model) -> None:
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.dim() > 1 and any(part in name for part in HEAD_PARTS):
-                param.normal_(0.0, 1.0 if "markov_w1" in name else 8.0 / param.shape[-1] ** 0.5)
+                param.normal_(0.0, 3.0 if "markov_w1" in name else 8.0 / param.shape[-1] ** 0.5)
 
 
 HEAD_PARTS = ("prefix_gru.", "embed_proj.", "markov_head.", "markov_w", "confidence_")
@@ -211,6 +211,7 @@ def _speculators(row: Row, target: Path, out: Path) -> None:
         verifier_config=layer_config, verifier_name_or_path=str(target),
         draft_vocab_size=TARGET.vocab_size, target_layer_ids=[1, 2], mask_token_id=MASK,
         draft_attn_impl="sdpa", **extra, **options)
+    _enlarge_heads(model)
     model.save_pretrained(out)
 
 
