@@ -1,7 +1,7 @@
 """The mixed-sampling batch both runners' suites run: plain greedy and seeded requests beside
-requests whose sampling reads the drafted prefix (penalties, allowed ids, min_tokens,
-logprobs), on the trained pair. Each request must decode as it does target-only; the
-prefix readers verify as chains of their own, the rest keep their trees."""
+requests with penalties, allowed token ids, logprobs and min_tokens, on the trained pair.
+Each request must decode as it does target-only; the requests that verify as chains (the
+prefix readers; on V1 every one of these) do so beside the others' trees."""
 
 from __future__ import annotations
 
@@ -19,14 +19,16 @@ READERS = {
     1: {"presence_penalty": 1.5, "frequency_penalty": 0.5},
     2: {"allowed_token_ids": list(range(0, VOCAB, 2))},
     3: {"logprobs": 2},
+    5: {"min_tokens": 12},  # its stop token 20 is greedy token 4 without min_tokens
 }
+KEPT = {5: {"stop_token_ids": [20]}}  # kept when the reader's parameter is dropped
 SEEDED = {6: 7, 7: 8}  # index -> seed of a T = 0.8 request
 
 
 def params(index: int, mixed: bool = True):
     from vllm import SamplingParams
 
-    extra = READERS.get(index, {}) if mixed else {}
+    extra = KEPT.get(index, {}) | (READERS.get(index, {}) if mixed else {})
     if index in SEEDED:
         return SamplingParams(temperature=0.8, seed=SEEDED[index], max_tokens=MAX_TOKENS,
                               ignore_eos=True)
