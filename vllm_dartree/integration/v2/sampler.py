@@ -26,16 +26,21 @@ class TreeRejectionSampler:
     def __init__(self, sampler: Any, vllm_config, model_state) -> None:
         self.sampler = sampler
         self.model_state = model_state
-        self._processed: torch.Tensor | None = None  # this step's processed logits
         # Chain batches; greedy drafts (no draft logits), vLLM's standard rejection.
         self.chain_sampler = RejectionSampler(sampler, vllm_config.speculative_config,
                                               model_state.device)
 
     def __call__(self, logits: torch.Tensor, input_batch, draft_logits=None,
                  *args: Any, **kwargs: Any) -> SamplerOutput:
+        processed: list[torch.Tensor] = []  # the target_choice's processed logits
+
+        def choose(plan: VerifyPlan) -> torch.Tensor:
+            tokens, processed_logits = self.target_choice(logits, input_batch, plan)
+            processed.append(processed_logits)
+            return tokens
+
         accepted = self.model_state.step.accept_with(
-            lambda plan: self.target_choice(logits, input_batch, plan),
-            columns=self.chain_sampler.num_speculative_steps + 1)
+            choose, columns=self.chain_sampler.num_speculative_steps + 1)
         if accepted is None:  # drafts are tokens only: verified as vLLM verifies greedy drafts
             return self.chain_sampler(logits, input_batch, None, *args, **kwargs)
         sampled, paths = accepted
@@ -43,6 +48,8 @@ class TreeRejectionSampler:
         plan = paths.plan
         num_sampled = torch.ones(input_batch.num_reqs, dtype=torch.int32, device=logits.device)
         num_sampled[plan.batch_index] = paths.num_accepted.to(torch.int32)
+        if self.sampler.logprobs_mode.startswith("processed"):
+            logits = processed[0]
         logprobs = self.path_logprobs(logits, input_batch, sampled, num_sampled, paths)
         num_sampled, num_rejected = get_num_sampled_and_rejected(
             num_sampled, input_batch.seq_lens, input_batch.cu_num_logits,
@@ -52,28 +59,27 @@ class TreeRejectionSampler:
                              num_rejected=num_rejected)
 
     def target_choice(self, logits: torch.Tensor, input_batch, plan: VerifyPlan
-                      ) -> torch.Tensor:
-        """The target's token at every logits row, each row at its (depth) position."""
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the target's token at every logits row, each row at its (depth) position; the
+        logits as vLLM's sampling parameters processed them)."""
         rows = input_batch.logits_indices
         positions = self.model_state.positions[rows]
-        tokens, self._processed = self.sampler.sample(
+        tokens, processed = self.sampler.sample(
             logits, input_batch.expanded_idx_mapping, input_batch.idx_mapping,
             input_batch.idx_mapping_np, positions, input_batch.input_ids[rows],
             input_batch.expanded_local_pos, input_batch.seq_lens_cpu_upper_bound.numpy())
-        return tokens.to(torch.int64)
+        return tokens.to(torch.int64), processed
 
     def path_logprobs(self, logits: torch.Tensor, input_batch, sampled: torch.Tensor,
                       num_sampled: torch.Tensor, paths: AcceptedPaths):
         """vLLM's logprobs tensors of the sampled tokens, each from the logits row of the
         node it was drawn at (the accepted path's rows, in path order), as vLLM's samplers
-        lay them out: request r's j-th token at logits row ``cu_num_logits[r] + j``; None
-        when no request asks for logprobs."""
-        processed, self._processed = self._processed, None
+        lay them out: request r's j-th token at logits row ``cu_num_logits[r] + j``
+        (``logits``: raw or processed, as the engine's logprobs mode asks); None when no
+        request asks for logprobs."""
         dims = self.sampler.get_logprobs_dims(input_batch.idx_mapping_np)
         if dims is None:
             return None
-        if self.sampler.logprobs_mode.startswith("processed"):
-            logits = processed
         plan = paths.plan
         order = accepted_row_order(paths, plan.num_logit_rows, plan.node_logit_rows[:, 0])
         cu = input_batch.cu_num_logits
