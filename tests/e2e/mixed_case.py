@@ -1,5 +1,6 @@
 """The mixed-sampling batch both runners' suites run: plain greedy and seeded requests beside
-requests with penalties, allowed token ids, logprobs and min_tokens, on the trained pair.
+requests with penalties, allowed token ids, logprobs, min_tokens, logit bias and min p (the
+two vLLM refuses on other speculative engines), on the trained pair.
 Each request must decode as it does target-only; the requests that verify as chains (the
 prefix readers; on V1 every one of these) do so beside the others' trees."""
 
@@ -19,20 +20,25 @@ READERS = {
     1: {"presence_penalty": 1.5, "frequency_penalty": 0.5},
     2: {"allowed_token_ids": list(range(0, VOCAB, 2))},
     3: {"logprobs": 2},
+    4: {"logit_bias": {7: 2.0, 19: 1.5, 26: -3.0}},
     5: {"min_tokens": 12},  # its stop token 20 is greedy token 4 without min_tokens
+    # T = 1 with min p 0.999: the argmax alone is left (this prompt's closest second is at
+    # 0.996 of it), so V1's draws equal target-only's too; without min p, the seeded draw
+    8: {"min_p": 0.999},
 }
-KEPT = {5: {"stop_token_ids": [20]}}  # kept when the reader's parameter is dropped
+# Kept when the reader's parameter is dropped.
+KEPT = {5: {"stop_token_ids": [20]}, 8: {"temperature": 1.0, "seed": 9}}
 SEEDED = {6: 7, 7: 8}  # index -> seed of a T = 0.8 request
 
 
 def params(index: int, mixed: bool = True):
     from vllm import SamplingParams
 
-    extra = KEPT.get(index, {}) | (READERS.get(index, {}) if mixed else {})
     if index in SEEDED:
         return SamplingParams(temperature=0.8, seed=SEEDED[index], max_tokens=MAX_TOKENS,
                               ignore_eos=True)
-    return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, **extra)
+    return SamplingParams(**({"temperature": 0.0, "max_tokens": MAX_TOKENS, "ignore_eos": True}
+                             | KEPT.get(index, {}) | (READERS.get(index, {}) if mixed else {})))
 
 
 def generate(llm, indices: list[int], mixed: bool = True):

@@ -34,3 +34,40 @@ def test_greedy_rows_take_the_argmax_below_vllms_threshold():
     temperature = torch.tensor([0.0, GREEDY_TEMPERATURE / 2, 1e6])
     chosen = choose_tokens(logits, temperature)
     assert chosen[:2].tolist() == [1, 1]
+
+
+def test_chain_rows_get_logit_bias_and_min_p_as_vllms_processors_apply_them():
+    """V1's chain draft rows (``v1/chain_sampling.py``): each row gets its request's bias and
+    min p exactly as vLLM's processors give a request's one row without speculation."""
+    from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
+
+    from vllm_dartree.integration.v1.chain_sampling import (
+        add_logit_bias,
+        draft_row_requests,
+        mask_below_min_p,
+    )
+
+    gen = torch.Generator().manual_seed(0)
+    num_draft_tokens = [3, 0, 2, 4]
+    rows = torch.from_numpy(draft_row_requests(num_draft_tokens))
+    assert rows.tolist() == [0, 0, 0, 2, 2, 3, 3, 3, 3]
+    logits = torch.randn(rows.numel(), 50, generator=gen) * 2
+    biases = {0: {3: 5.0, 7: -2.5}, 1: {1: 9.0}, 3: {49: 0.75}}
+    biased = logits.clone()
+    add_logit_bias(biased, biases, num_draft_tokens)
+    expected = logits.clone()
+    for row, req in enumerate(rows.tolist()):
+        for token, value in biases.get(req, {}).items():
+            expected[row, token] += value
+    assert torch.equal(biased, expected)
+
+    min_p = torch.tensor([0.0, 0.3, 0.05, 0.6])
+    temperature = torch.tensor([0.7, 1.0, 0.0, 1.3])
+    ours = logits.clone()
+    mask_below_min_p(ours, min_p[rows], temperature[rows])
+    processor = MinPLogitsProcessor.__new__(MinPLogitsProcessor)
+    processor.min_p_count, processor.min_p = 3, min_p[rows].unsqueeze(1)
+    tempered = logits / torch.where(temperature < 1e-5, 1.0, temperature)[rows].unsqueeze(1)
+    theirs = processor.apply(tempered.clone())
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
+    assert torch.isinf(ours).any() and not torch.isinf(ours[rows == 0]).any()

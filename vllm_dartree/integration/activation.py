@@ -291,6 +291,11 @@ def declared_patches() -> tuple[type[TouchPoint], ...]:
     from vllm_dartree.integration.draft_handoff import ENGINE_CORE_PATCHES
     from vllm_dartree.integration.gpu_gdn import TRITON_GDN_PATCHES
     from vllm_dartree.integration.lora import V2_LORA_PATCHES
+    from vllm_dartree.integration.sampling import SpecDecodeSamplingCheck
+    from vllm_dartree.integration.v1.chain_sampling import (
+        BuiltinLogitsProcessors,
+        ChainRowsLogitBiasAndMinP,
+    )
     from vllm_dartree.integration.v1.draft_handoff import DraftsWithOutput
     from vllm_dartree.integration.v1.runner import RUNNER_PATCHES, DFlashProposerGlobal
     from vllm_dartree.integration.v2.draft_counts import DRAFT_COUNT_PATCHES
@@ -305,13 +310,13 @@ def declared_patches() -> tuple[type[TouchPoint], ...]:
         SpecForgeDominoArchitecture, SpecForgeDominoDrafterArchitecture,
         SpecForgeDSparkDrafterArchitecture,
         CpuTreeAttention, TritonTreeAttention, CpuGdnConvWindowFix, *TRITON_GDN_PATCHES,
-        *ENGINE_CORE_PATCHES,
+        *ENGINE_CORE_PATCHES, SpecDecodeSamplingCheck,
         # ... the V2 runner's (its speculator choice, the adaptive budget's draft counts to
         # the scheduler, drafts with the sampled tokens, the lm_head LoRA ids per logits row) ...
         V2SpeculatorChoice, *DRAFT_COUNT_PATCHES, DraftsWithAsyncOutput, *V2_LORA_PATCHES,
         # ... and the V1 runner's
         DrafterBlockLookahead, *CPU_DEFECT_FIXES, DFlashProposerGlobal, *RUNNER_PATCHES,
-        DraftsWithOutput,
+        DraftsWithOutput, BuiltinLogitsProcessors, ChainRowsLogitBiasAndMinP,
         # the console script, before vLLM's CLI; the test and benchmark harness
         *LAUNCH_PATCHES, KernelRebindVarsFix,
     )

@@ -1,0 +1,128 @@
+"""V1: ``logit_bias`` and ``min_p`` on a dartree engine (``integration/sampling.py`` says
+why and where). vLLM's V1 runner builds only the min_tokens processor for a speculative
+engine; a dartree engine gets vLLM's built-in ones (:class:`BuiltinLogitsProcessors`: the
+bonus rows and steps without drafts then apply both), and its chain draft rows get them
+inside vLLM's rejection sampler (:class:`ChainRowsLogitBiasAndMinP`)."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from vllm_dartree.integration.patching import Runner, VllmPatch
+from vllm_dartree.integration.touchpoints import V1_RELEASES
+from vllm_dartree.step.drafting import dartree_settings
+
+_SAMPLING_EPS = 1e-5  # vLLM's threshold below which a temperature means greedy
+
+
+class BuiltinLogitsProcessors(VllmPatch):
+    """V1 runner's ``build_logitsprocs`` (a module global of the runner module): a dartree
+    engine's input batch gets vLLM's built-in processors (min p, logit bias, min tokens),
+    as an engine without speculation has them; vLLM's own choice for any other engine,
+    pooling models and custom processors (which vLLM refuses with speculation)."""
+
+    target = "vllm.v1.worker.gpu_model_runner"
+    attribute = "build_logitsprocs"
+    releases = V1_RELEASES
+    runner = Runner.V1
+
+    @classmethod
+    def replacement(cls, original):
+        from vllm.v1.sample.logits_processor import (
+            BUILTIN_LOGITS_PROCESSORS,
+            LogitsProcessors,
+        )
+
+        @functools.wraps(original)
+        def build_logitsprocs(vllm_config, device, is_pin_memory, is_pooling_model,
+                              custom_logitsprocs=()):
+            if (is_pooling_model or custom_logitsprocs
+                    or dartree_settings(vllm_config) is None):
+                return original(vllm_config, device, is_pin_memory, is_pooling_model,
+                                custom_logitsprocs)
+            return LogitsProcessors(ctor(vllm_config, device, is_pin_memory)
+                                    for ctor in BUILTIN_LOGITS_PROCESSORS)
+
+        return build_logitsprocs
+
+
+def draft_row_requests(num_draft_tokens: list[int]) -> np.ndarray:
+    """[sum(num_draft_tokens)] the batch index of each draft row, in vLLM's layout."""
+    return np.repeat(np.arange(len(num_draft_tokens)), num_draft_tokens)
+
+
+def add_logit_bias(logits: torch.Tensor, biases: dict[int, dict[int, float]],
+                   num_draft_tokens: list[int]) -> None:
+    """Add each request's bias ({batch index: {token: bias}}, vLLM's
+    ``LogitBiasLogitsProcessor.biases``) to every one of its draft rows, in place."""
+    starts = np.cumsum([0, *num_draft_tokens])
+    rows, tokens, values = [], [], []
+    for req, bias in biases.items():
+        n = num_draft_tokens[req] if req < len(num_draft_tokens) else 0
+        if n == 0 or not bias:
+            continue
+        rows.append(np.repeat(np.arange(starts[req], starts[req] + n), len(bias)))
+        tokens.append(np.tile(np.fromiter(bias.keys(), np.int64), n))
+        values.append(np.tile(np.fromiter(bias.values(), np.float32), n))
+    if rows:
+        index = (torch.from_numpy(np.concatenate(rows)).to(logits.device),
+                 torch.from_numpy(np.concatenate(tokens)).to(logits.device))
+        logits[index] += torch.from_numpy(np.concatenate(values)).to(logits.device,
+                                                                     logits.dtype)
+
+
+def mask_below_min_p(logits: torch.Tensor, min_p: torch.Tensor,
+                     temperature: torch.Tensor) -> None:
+    """Set to -inf, in place, each row's tokens whose probability at the row's temperature
+    is below ``min_p`` times the row's largest (vLLM's ``MinPLogitsProcessor`` on the
+    tempered logits, the same arithmetic); ``min_p``/``temperature`` are per row; a
+    temperature below vLLM's epsilon (greedy) counts as 1, as vLLM's ``apply_temperature``
+    has it."""
+    temperature = torch.where(temperature < _SAMPLING_EPS, 1.0, temperature)
+    probs = torch.softmax(logits / temperature.unsqueeze(1), dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True).mul_(min_p.unsqueeze(1))
+    logits.masked_fill_(probs < threshold, float("-inf"))
+
+
+def _processor(processors, kind: type):
+    return next((p for p in processors if isinstance(p, kind)), None)
+
+
+class ChainRowsLogitBiasAndMinP(VllmPatch):
+    """V1 ``RejectionSampler.apply_logits_processors``: the draft rows get their request's
+    logit bias (before vLLM's penalties) and min p (after them), as target-only's sampler
+    applies them. A speculative engine other than dartree has neither (vLLM refuses them)."""
+
+    target = "vllm.v1.sample.rejection_sampler:RejectionSampler"
+    attribute = "apply_logits_processors"
+    releases = V1_RELEASES
+    runner = Runner.V1
+
+    @classmethod
+    def replacement(cls, original):
+        from vllm.v1.sample.logits_processor.builtin import (
+            LogitBiasLogitsProcessor,
+            MinPLogitsProcessor,
+        )
+
+        @functools.wraps(original)
+        def apply_logits_processors(self, logits, sampling_metadata, metadata):
+            processors = sampling_metadata.logitsprocs
+            bias = _processor(processors.non_argmax_invariant, LogitBiasLogitsProcessor)
+            if bias is not None and bias.biases:
+                add_logit_bias(logits, bias.biases, metadata.num_draft_tokens)
+            logits = original(self, logits, sampling_metadata, metadata)
+            min_p = _processor(processors.argmax_invariant, MinPLogitsProcessor)
+            if (min_p is not None and min_p.min_p_count
+                    and sampling_metadata.temperature is not None):
+                rows = torch.from_numpy(draft_row_requests(metadata.num_draft_tokens))
+                row_min_p = torch.from_numpy(min_p.min_p_cpu)[rows].to(logits.device)
+                row_temperature = sampling_metadata.temperature[rows.to(logits.device)]
+                mask_below_min_p(logits, row_min_p, row_temperature)
+            return logits
+
+        return apply_logits_processors
+
