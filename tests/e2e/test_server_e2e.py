@@ -1,4 +1,6 @@
-"""The OpenAI server with dartree under concurrent load (real processes, loopback only)."""
+"""The OpenAI server with dartree under concurrent load (real processes, loopback only), with
+structured-output requests among the others: JSON schema, regex, choice and tool calling
+(``tools`` with ``tool_choice="required"``), each greedy answer equal to target-only's."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from vllm_dartree.harness.server import (
-    completion_text,
+    http_json,
     http_text,
     metric_value,
     running_server,
@@ -20,13 +22,41 @@ from vllm_dartree.models.tiny import DrafterSpec, TargetSpec, write_drafter, wri
 pytestmark = pytest.mark.e2e
 
 SPEC = TargetSpec(with_tokenizer=True)
+# JSON without free whitespace (a random target would fill max_tokens with it); tool calls,
+# which vLLM serves with tool_choice="required" only with a parser enabled (the calls
+# themselves come from vLLM's JSON schema of the tools, whatever the parser).
+STRUCTURED_SERVER_ARGS = (
+    "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
+    "--enable-auto-tool-choice", "--tool-call-parser", "pythonic")
 SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
-               "--max-num-seqs", "16", "--max-num-batched-tokens", "2048")
+               "--max-num-seqs", "16", "--max-num-batched-tokens", "2048",
+               *STRUCTURED_SERVER_ARGS)
 WORDS = ["def", "class", "import", "return", "self", "for", "while", "print", "lambda", "yield"]
 
 
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["answer", "mood"],
+          "properties": {"answer": {"enum": ["yes", "no", "maybe"]},
+                         "mood": {"enum": ["calm", "busy"]}}}
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "required": ["city"], "additionalProperties": False,
+                   "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]}}}}}]
+REGEX = r"[a-z]{1,8} = [0-9]{1,3}(, [0-9]{1,3}){0,3}"
+CHOICES = ["yes please", "no thanks", "maybe later"]
+# (kind, body keys): greedy structured requests, sent as well (the grammar checked below).
+STRUCTURED = [
+    ("json_schema", {"messages": [{"role": "user", "content": "import os"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "reply", "schema": SCHEMA}}}),
+    ("regex", {"prompt": "for i in", "structured_outputs": {"regex": REGEX}}),
+    ("choice", {"prompt": "def foo", "structured_outputs": {"choice": CHOICES}}),
+    ("tools", {"messages": [{"role": "user", "content": "class A"}], "tools": TOOLS,
+               "tool_choice": "required"}),
+]
+
+
 def _requests() -> list[dict]:
-    """32 requests: greedy and sampled, short and long, completions and chat, 4 aborted."""
+    """32 requests: greedy and sampled, short and long, completions and chat, 4 aborted;
+    then the structured ones."""
     out = []
     for i in range(32):
         prompt = " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(2 + i % 9))
@@ -40,13 +70,43 @@ def _requests() -> list[dict]:
         else:
             body |= {"prompt": prompt}
         out.append({"body": body, "abort": i % 8 == 5})
+    for kind, keys in STRUCTURED:
+        body = {"model": "tiny", "max_tokens": 48, "temperature": 0.0} | keys
+        out.append({"body": body, "abort": False, "structured": kind})
     return out
+
+
+def answer(base: str, body: dict, timeout: float) -> dict:
+    """A completion's or chat answer's text and tool calls (name, arguments)."""
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    choice = http_json(base + path, body, timeout)["choices"][0]
+    message = choice.get("message", {})
+    calls = [(c["function"]["name"], c["function"]["arguments"])
+             for c in message.get("tool_calls") or []]
+    return {"text": choice.get("text", message.get("content")), "tool_calls": calls}
 
 
 def _send(base: str, request: dict) -> dict:
     if request["abort"]:
         return {"aborted": stream_and_hang_up(base, request["body"], 200, 120)}
-    return {"text": completion_text(base, request["body"], 120)}
+    return answer(base, request["body"], 120)
+
+
+def check_structured(kind: str, reply: dict) -> None:
+    """The grammar held (the tiny random target's free text never fits it)."""
+    text = reply["text"]
+    if kind == "json_schema":
+        fields = json.loads(text)
+        assert fields["answer"] in SCHEMA["properties"]["answer"]["enum"], text
+        assert fields["mood"] in SCHEMA["properties"]["mood"]["enum"], text
+    elif kind == "regex":
+        assert re.fullmatch(REGEX, text), text
+    elif kind == "choice":
+        assert text in CHOICES, text
+    else:
+        assert reply["tool_calls"], reply
+        for name, arguments in reply["tool_calls"]:
+            assert name == "get_weather" and json.loads(arguments)["city"], arguments
 
 
 def _serve_all(base: str) -> list[dict]:
@@ -69,9 +129,11 @@ def target_only_answers():
 def test_the_target_only_server_answers_completions_and_chat(target_only_answers):
     """``vllm-dartree serve`` without dartree: every completion and chat request answered."""
     kinds = set()
-    for request, answer in zip(_requests(), target_only_answers):
-        if not request["abort"]:
-            assert answer["text"], request
+    for request, reply in zip(_requests(), target_only_answers):
+        if "structured" in request:
+            check_structured(request["structured"], reply)
+        elif not request["abort"]:
+            assert reply["text"], request
             kinds.add("messages" in request["body"])
     assert kinds == {True, False}
 
@@ -106,7 +168,7 @@ def _check_answers(answers, target_only_answers) -> None:
         if request["abort"]:
             assert got["aborted"]
         elif request["body"]["temperature"] == 0.0:
-            assert got["text"] == expected["text"], request
+            assert got == expected, request
         else:
             assert got["text"]
 

@@ -1,6 +1,8 @@
 """The OpenAI server on V2 (real processes, loopback only): concurrent greedy and seeded
-sampled requests, completions and chat, streaming requests hung up on mid-way. On V2 a
-seeded sampled answer equals target-only's too (draws keyed by seed and position)."""
+sampled requests, completions and chat, streaming requests hung up on mid-way, and the
+structured-output requests of the V1 server test (JSON schema, regex, choice, tool calling
+with ``tool_choice="required"``). On V2 a seeded sampled answer equals target-only's too
+(draws keyed by seed and position)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,9 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from test_server_e2e import STRUCTURED, STRUCTURED_SERVER_ARGS, answer, check_structured
 
 from vllm_dartree.harness.server import (
-    completion_text,
     http_text,
     metric_value,
     running_server,
@@ -22,7 +24,8 @@ pytestmark = pytest.mark.e2e
 
 SPEC = TargetSpec(with_tokenizer=True)
 SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
-               "--max-num-seqs", "8", "--max-num-batched-tokens", "1024")
+               "--max-num-seqs", "8", "--max-num-batched-tokens", "1024",
+               *STRUCTURED_SERVER_ARGS)
 WORDS = ["def", "class", "import", "return", "self", "for", "while", "print", "lambda", "yield"]
 
 
@@ -39,13 +42,16 @@ def _requests() -> list[dict]:
         else:
             body |= {"prompt": prompt}
         out.append({"body": body, "abort": i % 8 == 5})
+    for kind, keys in STRUCTURED:
+        body = {"model": "tiny", "max_tokens": 48, "temperature": 0.0} | keys
+        out.append({"body": body, "abort": False, "structured": kind})
     return out
 
 
 def _send(base: str, request: dict) -> dict:
     if request["abort"]:
         return {"aborted": stream_and_hang_up(base, request["body"], 100, 300)}
-    return {"text": completion_text(base, request["body"], 300)}
+    return answer(base, request["body"], 300)
 
 
 def _serve_all(base: str) -> list[dict]:
@@ -78,8 +84,11 @@ def test_a_profiled_adaptive_v2_server_answers_like_target_only(target_only_answ
     for request, got, expected in zip(_requests(), answers, target_only_answers):
         if request["abort"]:
             assert got["aborted"]
+        elif "structured" in request:
+            check_structured(request["structured"], expected)
+            assert got == expected, request
         else:
-            assert got["text"] and got["text"] == expected["text"], request
+            assert got["text"] and got == expected, request
     drafts = metric_value(metrics, "vllm:spec_decode_num_drafts_total")
     draft_tokens = metric_value(metrics, "vllm:spec_decode_num_draft_tokens_total")
     assert drafts and 0 < draft_tokens <= 16 * drafts
