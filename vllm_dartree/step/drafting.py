@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from itertools import accumulate
 
 import torch
 
@@ -23,7 +24,13 @@ from vllm_dartree.config import DARTreeConfig, carried_layout, carried_settings
 from vllm_dartree.step.budget_report import BudgetReport
 from vllm_dartree.step.profile import StepProfile
 from vllm_dartree.step.tree_step import TreeStep
-from vllm_dartree.tree import DraftTree, build_tree, depth_first, where_requests
+from vllm_dartree.tree import (
+    DraftTree,
+    build_tree,
+    depth_first,
+    select_requests,
+    where_requests,
+)
 from vllm_dartree.tree.budget import (
     AdaptiveBudget,
     AutoWidth,
@@ -275,10 +282,16 @@ class TreeDrafting:
                      depth_hidden: torch.Tensor, roots: torch.Tensor, chain_rows: list[bool]
                      ) -> tuple[DraftTree, list[int] | None]:
         """``tree`` with the drafter's best chain for every request of ``chain_rows`` (the
-        verify plan lays such a request's rows out as a chain: ``verify_plan.build_plan``)."""
-        chains = self.build_trees(depth_hidden, roots, chain=True)
-        mask = torch.tensor(chain_rows, device=tree.tokens.device)
-        tree = where_requests(mask, chains, tree)
+        verify plan lays such a request's rows out as a chain: ``verify_plan.build_plan``),
+        built from those requests' rows alone (their drafter logits only)."""
+        device = tree.tokens.device
+        rows = torch.tensor([r for r, chain in enumerate(chain_rows) if chain], device=device)
+        chains = self.build_trees(depth_hidden[rows], roots[rows], chain=True)
+        # Request r takes chain row (number of chain requests up to r) - 1; the rows of tree
+        # requests (any chain, the first) are not taken.
+        source = torch.tensor(list(accumulate(chain_rows)), device=device).sub_(1).clamp_(min=0)
+        mask = torch.tensor(chain_rows, device=device)
+        tree = where_requests(mask, select_requests(chains, source), tree)
         if counts is not None:
             counts = [self.tree_depths if chain else count
                       for chain, count in zip(chain_rows, counts)]
