@@ -60,7 +60,8 @@ def watch_public_calls(policy: AdaptiveBudget, fired: Counter) -> None:
     policy.should_draft, policy.choose = watched_should_draft, watched_choose
 
 
-def main() -> None:
+def replay_counting() -> tuple[dict[str, list], dict[str, int]]:
+    """The replayed runs, and how often each mechanism fired in them."""
     fired: Counter = Counter()
     policies: list[AdaptiveBudget] = []
     runs = replay(lambda policy: (policies.append(policy), watch_public_calls(policy, fired)))
@@ -68,6 +69,11 @@ def main() -> None:
         fired.update(policy.pause.fired)  # the pause policy's transitions, by rule
     mechanisms = dict(sorted(fired.items()))
     mechanisms.update(observed_mechanisms(runs))
+    return runs, mechanisms
+
+
+def main() -> None:
+    runs, mechanisms = replay_counting()
     missing = [name for name, count in mechanisms.items() if count == 0]
     assert not missing, missing
     write(runs, mechanisms)
