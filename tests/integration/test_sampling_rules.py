@@ -37,19 +37,19 @@ def test_greedy_rows_take_the_argmax_below_vllms_threshold():
 
 
 def test_chain_rows_get_logit_bias_and_min_p_as_vllms_processors_apply_them():
-    """V1's chain draft rows (``v1/chain_sampling.py``): each row gets its request's bias and
+    """V1's chain draft rows (``v1/sampling.py``): each row gets its request's bias and
     min p exactly as vLLM's processors give a request's one row without speculation."""
     from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
 
-    from vllm_dartree.integration.v1.chain_sampling import (
+    from vllm_dartree.integration.v1.sampling import (
         add_logit_bias,
-        draft_row_requests,
         mask_below_min_p,
+        row_requests,
     )
 
     gen = torch.Generator().manual_seed(0)
     num_draft_tokens = [3, 0, 2, 4]
-    rows = torch.from_numpy(draft_row_requests(num_draft_tokens))
+    rows = torch.from_numpy(row_requests(num_draft_tokens))
     assert rows.tolist() == [0, 0, 0, 2, 2, 3, 3, 3, 3]
     logits = torch.randn(rows.numel(), 50, generator=gen) * 2
     biases = {0: {3: 5.0, 7: -2.5}, 1: {1: 9.0}, 3: {49: 0.75}}

@@ -292,12 +292,12 @@ def declared_patches() -> tuple[type[TouchPoint], ...]:
     from vllm_dartree.integration.gpu_gdn import TRITON_GDN_PATCHES
     from vllm_dartree.integration.lora import V2_LORA_PATCHES
     from vllm_dartree.integration.sampling import SpecDecodeSamplingCheck
-    from vllm_dartree.integration.v1.chain_sampling import (
+    from vllm_dartree.integration.v1.draft_handoff import DraftsWithOutput
+    from vllm_dartree.integration.v1.runner import RUNNER_PATCHES, DFlashProposerGlobal
+    from vllm_dartree.integration.v1.sampling import (
         BuiltinLogitsProcessors,
         ChainRowsLogitBiasAndMinP,
     )
-    from vllm_dartree.integration.v1.draft_handoff import DraftsWithOutput
-    from vllm_dartree.integration.v1.runner import RUNNER_PATCHES, DFlashProposerGlobal
     from vllm_dartree.integration.v2.draft_counts import DRAFT_COUNT_PATCHES
     from vllm_dartree.integration.v2.draft_handoff import DraftsWithAsyncOutput
 

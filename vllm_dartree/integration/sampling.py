@@ -5,11 +5,11 @@ V1 rejection sampler leaves them out of the draft rows. A dartree engine applies
 
 - V2: every target row goes through vLLM's own ``Sampler.apply_sampling_params`` (the tree
   sampler's ``sample`` and V2's rejection sampler alike), which applies both;
-- V1: requests with either verify as chains of their own (``verify_plan.
-  verifies_as_chain_on_v1``) through vLLM's rejection sampler, whose draft rows get them
-  in ``v1/chain_sampling.py``, where and as target-only's sampler applies them: the bias with the other non-argmax-invariant processors, before the penalties; min
-  p on the probabilities at the request's temperature (rows of greedy requests keep their
-  argmax, so they are left as target-only leaves them: unchanged in effect).
+- V1: tree rows get both (and allowed token ids) before the tree verifier chooses, bonus
+  rows and steps without drafts from vLLM's built-in processors, and the draft rows of a
+  request verified as a chain (``verify_plan.verifies_as_chain_on_v1``) inside vLLM's
+  rejection sampler; each where and as target-only's sampler applies it
+  (``v1/sampling.py``).
 
 :class:`SpecDecodeSamplingCheck` lifts vLLM's refusal for dartree engines only: any other
 speculative config reaches vLLM's check unchanged.

@@ -346,6 +346,7 @@ NAMES: tuple[VllmName, ...] = _names(
     V1Name("vllm.v1.sample.logits_processor:BUILTIN_LOGITS_PROCESSORS"),
     V1Name("vllm.v1.sample.logits_processor:LogitsProcessors"),
     V1Name("vllm.v1.sample.metadata:SamplingMetadata.logitsprocs"),
+    V1Name("vllm.v1.sample.metadata:SamplingMetadata.allowed_token_ids_mask"),
     V1Name("vllm.v1.sample.logits_processor.state:LogitsProcessors.argmax_invariant"),
     V1Name("vllm.v1.sample.logits_processor.state:LogitsProcessors.non_argmax_invariant"),
     V1Name("vllm.v1.sample.logits_processor.builtin:LogitBiasLogitsProcessor.biases"),

@@ -262,13 +262,12 @@ def reads_drafted_prefix(sampling_params) -> bool:
 
 
 def verifies_as_chain_on_v1(sampling_params) -> bool:
-    """V1: :func:`reads_drafted_prefix`, or sampling the tree verifier does not apply
-    (allowed token ids, logit bias, min_tokens, min_p, logprobs): vLLM's rejection sampler
-    verifies such a request's chain."""
+    """V1: :func:`reads_drafted_prefix`, or sampling V1's tree rows do not get (min_tokens,
+    logprobs): vLLM's rejection sampler verifies such a request's chain. Allowed token ids,
+    logit bias and min p are applied to tree rows (``integration/v1/sampling.py``)."""
     sp = sampling_params
     return reads_drafted_prefix(sp) or (sp is not None and bool(
-        sp.allowed_token_ids or sp.logit_bias or sp.min_tokens or sp.min_p
-        or sp.logprobs is not None))
+        sp.min_tokens or sp.logprobs is not None))
 
 
 def chain_requests_on_v1(requests: Mapping[str, Any], req_ids: Iterable[str]) -> list[bool]:

@@ -19,6 +19,7 @@ from vllm_dartree.config import DARTreeConfigError
 from vllm_dartree.integration.patching import ModuleGlobalSwap, Runner, VllmPatch
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
 from vllm_dartree.integration.touchpoints import V1_RELEASES
+from vllm_dartree.integration.v1.sampling import tree_rows_as_target_only
 from vllm_dartree.step.drafting import dartree_settings
 from vllm_dartree.step.kv_mover import KvMover, LayerKv, target_layers_kv
 from vllm_dartree.step.tree_step import STEP_ATTR, TreeStep
@@ -171,10 +172,13 @@ class TreeSampler(V1RunnerPatch):
             # Requests whose sampling reads the drafted prefix verify their chains through
             # vLLM's rejection sampler (penalties, bad words, min_tokens, logprobs over the
             # chain's prefix); it runs over the whole batch, whose other rows are dropped.
+            # The tree rows get allowed ids, logit bias and min p here.
             by_vllm = original(self, logits, spec_decode_metadata) if chains else None
             self.input_batch.update_async_output_token_ids()
-            sampled = step.accept(logits, self.input_batch.sampling_metadata,
-                                  spec_decode_metadata.max_spec_len)
+            sampling = self.input_batch.sampling_metadata
+            tree_logits = tree_rows_as_target_only(logits, sampling,
+                                                   spec_decode_metadata.num_draft_tokens)
+            sampled = step.accept(tree_logits, sampling, spec_decode_metadata.max_spec_len)
             if by_vllm is None:
                 return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
             rows = torch.tensor(chains, device=sampled.device)

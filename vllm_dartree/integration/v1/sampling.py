@@ -1,8 +1,11 @@
-"""V1: ``logit_bias`` and ``min_p`` on a dartree engine (``integration/sampling.py`` says
-why and where). vLLM's V1 runner builds only the min_tokens processor for a speculative
-engine; a dartree engine gets vLLM's built-in ones (:class:`BuiltinLogitsProcessors`: the
-bonus rows and steps without drafts then apply both), and its chain draft rows get them
-inside vLLM's rejection sampler (:class:`ChainRowsLogitBiasAndMinP`)."""
+"""V1: the sampling parameters a dartree engine applies itself (``integration/sampling.py``).
+
+vLLM's V1 runner builds only the min_tokens processor for a speculative engine; a dartree
+engine gets vLLM's built-in ones (:class:`BuiltinLogitsProcessors`: the bonus rows and steps
+without drafts then apply logit bias and min p). Tree rows get allowed token ids, logit bias
+and min p from :func:`tree_rows_as_target_only` before the tree verifier chooses; the draft
+rows of chain-verified requests get logit bias and min p inside vLLM's rejection sampler
+(:class:`ChainRowsLogitBiasAndMinP`), which applies the rest."""
 
 from __future__ import annotations
 
@@ -49,19 +52,19 @@ class BuiltinLogitsProcessors(VllmPatch):
         return build_logitsprocs
 
 
-def draft_row_requests(num_draft_tokens: list[int]) -> np.ndarray:
-    """[sum(num_draft_tokens)] the batch index of each draft row, in vLLM's layout."""
-    return np.repeat(np.arange(len(num_draft_tokens)), num_draft_tokens)
+def row_requests(rows_per_request: list[int]) -> np.ndarray:
+    """The batch index of each row, requests' rows one after another (vLLM's layout)."""
+    return np.repeat(np.arange(len(rows_per_request)), rows_per_request)
 
 
 def add_logit_bias(logits: torch.Tensor, biases: dict[int, dict[int, float]],
-                   num_draft_tokens: list[int]) -> None:
+                   rows_per_request: list[int]) -> None:
     """Add each request's bias ({batch index: {token: bias}}, vLLM's
-    ``LogitBiasLogitsProcessor.biases``) to every one of its draft rows, in place."""
-    starts = np.cumsum([0, *num_draft_tokens])
+    ``LogitBiasLogitsProcessor.biases``) to every one of its rows, in place."""
+    starts = np.cumsum([0, *rows_per_request])
     rows, tokens, values = [], [], []
     for req, bias in biases.items():
-        n = num_draft_tokens[req] if req < len(num_draft_tokens) else 0
+        n = rows_per_request[req] if req < len(rows_per_request) else 0
         if n == 0 or not bias:
             continue
         rows.append(np.repeat(np.arange(starts[req], starts[req] + n), len(bias)))
@@ -91,6 +94,41 @@ def _processor(processors, kind: type):
     return next((p for p in processors if isinstance(p, kind)), None)
 
 
+def tree_rows_as_target_only(logits: torch.Tensor, sampling_metadata,
+                             num_draft_tokens: list[int]) -> torch.Tensor:
+    """The step's logits rows (request r's ``num_draft_tokens[r] + 1`` rows one after another)
+    with each request's allowed token ids, logit bias and min p applied in target-only's
+    order (mask, bias, then min p at the row's temperature; the tree verifier then applies
+    temperature, top-k and top-p), in float32 as vLLM's sampler works; ``logits`` itself
+    unchanged. The other parameters' requests verify as chains (``verify_plan``)."""
+    from vllm.v1.sample.logits_processor.builtin import (
+        LogitBiasLogitsProcessor,
+        MinPLogitsProcessor,
+    )
+
+    processors = sampling_metadata.logitsprocs
+    allowed = sampling_metadata.allowed_token_ids_mask
+    bias = _processor(processors.non_argmax_invariant, LogitBiasLogitsProcessor)
+    min_p = _processor(processors.argmax_invariant, MinPLogitsProcessor)
+    has_bias = bias is not None and bool(bias.biases)
+    has_min_p = (min_p is not None and bool(min_p.min_p_count)
+                 and sampling_metadata.temperature is not None)
+    if allowed is None and not has_bias and not has_min_p:
+        return logits
+    rows_per_request = [n + 1 for n in num_draft_tokens]
+    request = torch.from_numpy(row_requests(rows_per_request))
+    device_request = request.to(logits.device)
+    logits = logits.to(torch.float32, copy=True)
+    if allowed is not None:
+        logits.masked_fill_(allowed[device_request], float("-inf"))
+    if has_bias:
+        add_logit_bias(logits, bias.biases, rows_per_request)
+    if has_min_p:
+        mask_below_min_p(logits, torch.from_numpy(min_p.min_p_cpu)[request].to(logits.device),
+                         sampling_metadata.temperature[device_request])
+    return logits
+
+
 class ChainRowsLogitBiasAndMinP(VllmPatch):
     """V1 ``RejectionSampler.apply_logits_processors``: the draft rows get their request's
     logit bias (before vLLM's penalties) and min p (after them), as target-only's sampler
@@ -118,7 +156,7 @@ class ChainRowsLogitBiasAndMinP(VllmPatch):
             min_p = _processor(processors.argmax_invariant, MinPLogitsProcessor)
             if (min_p is not None and min_p.min_p_count
                     and sampling_metadata.temperature is not None):
-                rows = torch.from_numpy(draft_row_requests(metadata.num_draft_tokens))
+                rows = torch.from_numpy(row_requests(metadata.num_draft_tokens))
                 row_min_p = torch.from_numpy(min_p.min_p_cpu)[rows].to(logits.device)
                 row_temperature = sampling_metadata.temperature[rows.to(logits.device)]
                 mask_below_min_p(logits, row_min_p, row_temperature)
