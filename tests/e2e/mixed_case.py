@@ -12,7 +12,8 @@ from vllm_dartree.models.tiny_pair import TRAINED_TARGET
 
 MAX_TOKENS = 32
 VOCAB = TRAINED_TARGET.vocab_size
-PROMPTS = random_prompts(12, VOCAB, seed=31, min_len=3, max_len=30)
+PROMPTS = (random_prompts(12, VOCAB, seed=31, min_len=3, max_len=30)
+           + random_prompts(2, VOCAB, seed=32, min_len=3, max_len=30))
 ENGINE = {"max_num_seqs": len(PROMPTS), "max_num_batched_tokens": 2048}
 # One parameter per request that reads the drafted prefix (index -> SamplingParams keys).
 READERS = {
@@ -25,9 +26,14 @@ READERS = {
     # T = 1 with min p 0.999: the argmax alone is left (this prompt's closest second is at
     # 0.996 of it), so V1's draws equal target-only's too; without min p, the seeded draw
     8: {"min_p": 0.999},
+    # Logit bias and min p beside a penalty: chains of their own (V1: applied inside vLLM's
+    # rejection sampler, ``integration/v1/sampling.py``)
+    12: {"repetition_penalty": 1.2, "logit_bias": {7: 2.0, 19: 1.5}},
+    13: {"presence_penalty": 1.0, "min_p": 0.999},
 }
 # Kept when the reader's parameter is dropped.
-KEPT = {5: {"stop_token_ids": [20]}, 8: {"temperature": 1.0, "seed": 9}}
+KEPT = {5: {"stop_token_ids": [20]}, 8: {"temperature": 1.0, "seed": 9},
+        13: {"temperature": 1.0, "seed": 10}}
 SEEDED = {6: 7, 7: 8}  # index -> seed of a T = 0.8 request
 
 

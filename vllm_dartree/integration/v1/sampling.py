@@ -90,8 +90,33 @@ def mask_below_min_p(logits: torch.Tensor, min_p: torch.Tensor,
     logits.masked_fill_(probs < threshold, float("-inf"))
 
 
-def _processor(processors, kind: type):
-    return next((p for p in processors if isinstance(p, kind)), None)
+def biases_and_min_p(sampling_metadata) -> tuple[dict[int, dict[int, float]] | None,
+                                                  torch.Tensor | None]:
+    """The batch's logit biases ({batch index: {token: bias}}) and min p per batch index
+    (host), each None where no request of the batch has one (or all are greedy: min p
+    never changes an argmax)."""
+    from vllm.v1.sample.logits_processor.builtin import (
+        LogitBiasLogitsProcessor,
+        MinPLogitsProcessor,
+    )
+
+    processors = sampling_metadata.logitsprocs
+    bias = next((p for p in processors.non_argmax_invariant
+                 if isinstance(p, LogitBiasLogitsProcessor)), None)
+    min_p = next((p for p in processors.argmax_invariant
+                  if isinstance(p, MinPLogitsProcessor)), None)
+    biases = bias.biases if bias is not None and bias.biases else None
+    if min_p is None or not min_p.min_p_count or sampling_metadata.temperature is None:
+        return biases, None
+    return biases, torch.from_numpy(min_p.min_p_cpu)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor, sampling_metadata,
+                request: np.ndarray) -> None:
+    """:func:`mask_below_min_p` of rows whose batch index is ``request`` [rows] (host)."""
+    rows = torch.from_numpy(request)
+    mask_below_min_p(logits, min_p[rows].to(logits.device),
+                     sampling_metadata.temperature[rows.to(logits.device)])
 
 
 def tree_rows_as_target_only(logits: torch.Tensor, sampling_metadata,
@@ -101,31 +126,20 @@ def tree_rows_as_target_only(logits: torch.Tensor, sampling_metadata,
     order (mask, bias, then min p at the row's temperature; the tree verifier then applies
     temperature, top-k and top-p), in float32 as vLLM's sampler works; ``logits`` itself
     unchanged. The other parameters' requests verify as chains (``verify_plan``)."""
-    from vllm.v1.sample.logits_processor.builtin import (
-        LogitBiasLogitsProcessor,
-        MinPLogitsProcessor,
-    )
-
-    processors = sampling_metadata.logitsprocs
     allowed = sampling_metadata.allowed_token_ids_mask
-    bias = _processor(processors.non_argmax_invariant, LogitBiasLogitsProcessor)
-    min_p = _processor(processors.argmax_invariant, MinPLogitsProcessor)
-    has_bias = bias is not None and bool(bias.biases)
-    has_min_p = (min_p is not None and bool(min_p.min_p_count)
-                 and sampling_metadata.temperature is not None)
-    if allowed is None and not has_bias and not has_min_p:
+    biases, min_p = biases_and_min_p(sampling_metadata)
+    if allowed is None and biases is None and min_p is None:
         return logits
     rows_per_request = [n + 1 for n in num_draft_tokens]
-    request = torch.from_numpy(row_requests(rows_per_request))
-    device_request = request.to(logits.device)
+    request = row_requests(rows_per_request)
     logits = logits.to(torch.float32, copy=True)
     if allowed is not None:
-        logits.masked_fill_(allowed[device_request], float("-inf"))
-    if has_bias:
-        add_logit_bias(logits, bias.biases, rows_per_request)
-    if has_min_p:
-        mask_below_min_p(logits, torch.from_numpy(min_p.min_p_cpu)[request].to(logits.device),
-                         sampling_metadata.temperature[device_request])
+        logits.masked_fill_(allowed[torch.from_numpy(request).to(logits.device)],
+                            float("-inf"))
+    if biases is not None:
+        add_logit_bias(logits, biases, rows_per_request)
+    if min_p is not None:
+        apply_min_p(logits, min_p, sampling_metadata, request)
     return logits
 
 
@@ -141,25 +155,15 @@ class ChainRowsLogitBiasAndMinP(VllmPatch):
 
     @classmethod
     def replacement(cls, original):
-        from vllm.v1.sample.logits_processor.builtin import (
-            LogitBiasLogitsProcessor,
-            MinPLogitsProcessor,
-        )
-
         @functools.wraps(original)
         def apply_logits_processors(self, logits, sampling_metadata, metadata):
-            processors = sampling_metadata.logitsprocs
-            bias = _processor(processors.non_argmax_invariant, LogitBiasLogitsProcessor)
-            if bias is not None and bias.biases:
-                add_logit_bias(logits, bias.biases, metadata.num_draft_tokens)
+            biases, min_p = biases_and_min_p(sampling_metadata)
+            if biases is not None:
+                add_logit_bias(logits, biases, metadata.num_draft_tokens)
             logits = original(self, logits, sampling_metadata, metadata)
-            min_p = _processor(processors.argmax_invariant, MinPLogitsProcessor)
-            if (min_p is not None and min_p.min_p_count
-                    and sampling_metadata.temperature is not None):
-                rows = torch.from_numpy(row_requests(metadata.num_draft_tokens))
-                row_min_p = torch.from_numpy(min_p.min_p_cpu)[rows].to(logits.device)
-                row_temperature = sampling_metadata.temperature[rows.to(logits.device)]
-                mask_below_min_p(logits, row_min_p, row_temperature)
+            if min_p is not None:
+                apply_min_p(logits, min_p, sampling_metadata,
+                            row_requests(metadata.num_draft_tokens))
             return logits
 
         return apply_logits_processors
