@@ -57,8 +57,7 @@ class PendingContext:
     the same K/V (a slot freed and handed to another request is overwritten by the newer
     write, as before). What it saves: per paused step the combining projection of the
     target's layers and the K/V projections of every drafter layer, each a weight read for
-    a few rows (SmolLM2 pair on the CPU: 1.1 of 1.4 ms a step at batch 1, next to a 53 ms
-    AR step), paid instead once per pause as a batched matmul. ``limit`` (vLLM's
+    a few rows, paid instead once per pause as a batched matmul. ``limit`` (vLLM's
     per-step token budget) bounds what is held: reaching it writes the lot.
     """
 
@@ -178,8 +177,8 @@ class TreeDrafting:
 
         With B below the drafter's depths the slots past depth B were computed and dropped.
         The block attends bidirectionally, so the cut moves the kept slots' hidden states a
-        little: SmolLM2 pair at B = 6, tau 2.18 -> 2.25 on GSM8K, 2.14 -> 2.14 on MATH-500,
-        drafter forward 10.1 -> 7.7 ms."""
+        little (what it did to tau and to the drafter's forward on the SmolLM2 pair:
+        benchmarks/results/cpu-speed.md)."""
         needed = self.tree_depths if self.layout.shift_label else self.tree_depths + 1
         return min(self.layout.block_size, needed) - 1
 

@@ -161,8 +161,8 @@ class TreeSampler(V1RunnerPatch):
                 return original(self, logits, spec_decode_metadata)
             if spec_decode_metadata.max_spec_len == 0:
                 # No request drafted (a paused adaptive step): sample as plain decoding.
-                # vLLM would run its rejection sampler over zero drafts (about 0.9 ms per
-                # step at 16 requests on the CPU) for the same tokens.
+                # vLLM would run its rejection sampler over zero drafts for the same
+                # tokens.
                 self.input_batch.update_async_output_token_ids()
                 return self.sampler(logits=logits,
                                     sampling_metadata=self.input_batch.sampling_metadata)
