@@ -1,6 +1,6 @@
 """Pure-torch draft-tree core: tree tensors, correction heads (Domino, DSpark Markov) behind
-one protocol, builders, acceptance; ``gdn``: tree verification through a Gated-DeltaNet layer
-(the reference for hybrid targets, not yet used by the engine)."""
+one protocol, builders, acceptance; ``gdn``: tree rows through a Gated-DeltaNet layer (the
+torch path of hybrid targets on vLLM's CPU GDN op, and the twin of ``kernels/gdn_tree.py``)."""
 
 from vllm_dartree.tree.accept import AcceptResult, accept_tree
 from vllm_dartree.tree.build import VARIANTS, build_tree, stable_topk
