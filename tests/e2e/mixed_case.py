@@ -1,8 +1,8 @@
 """The mixed-sampling batch both runners' suites run: plain greedy and seeded requests beside
 requests with penalties, allowed token ids, logprobs, min_tokens, logit bias and min p (the
-two vLLM refuses on other speculative engines), on the trained pair.
-Each request must decode as it does target-only; the requests that verify as chains (the
-prefix readers; on V1 every one of these) do so beside the others' trees."""
+two vLLM refuses on other speculative engines), on the trained pair. Each request must
+decode as it does target-only; the requests that verify as chains (the penalties' on both
+runners, min_tokens' and logprobs' on V1) do so beside the others' trees."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ VOCAB = TRAINED_TARGET.vocab_size
 PROMPTS = (random_prompts(12, VOCAB, seed=31, min_len=3, max_len=30)
            + random_prompts(2, VOCAB, seed=32, min_len=3, max_len=30))
 ENGINE = {"max_num_seqs": len(PROMPTS), "max_num_batched_tokens": 2048}
-# One parameter per request that reads the drafted prefix (index -> SamplingParams keys).
+# The sampling parameters of each mixed request (index -> SamplingParams keys).
 READERS = {
     0: {"repetition_penalty": 1.3},
     1: {"presence_penalty": 1.5, "frequency_penalty": 0.5},

@@ -4,9 +4,9 @@ A request whose sampling reads its drafted prefix (penalties) verifies as a chai
 in the same step as the other requests' trees; on V1 so do min_tokens and logprobs (vLLM's
 rejection sampler gives their tokens and logprobs). Allowed token ids, logit bias and min p
 are applied on trees, row by row, on both runners (V1: ``integration/v1/sampling.py``), and
-on V2 min_tokens and logprobs too. Every request decodes as it does target-only (V1's seeded requests:
-the same distribution, other tokens), and the plain requests keep the acceptance they have
-in a batch of their own."""
+on V2 min_tokens and logprobs too. Every request decodes as it does target-only (V1's
+seeded requests: the same distribution, other tokens), and the plain requests keep the
+acceptance they have in a batch of their own."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ TOOLS = [{"type": "function", "function": {
 REGEX = r"[a-z]{1,8} = [0-9]{1,3}(, [0-9]{1,3}){0,3}"
 CHOICES = ["yes please", "no thanks", "maybe later"]
 # (kind, body keys): greedy structured requests, sent as well (the grammar checked below).
-STRUCTURED = [
+STRUCTURED_BODIES = [
     ("json_schema", {"messages": [{"role": "user", "content": "import os"}], "response_format": {
         "type": "json_schema", "json_schema": {"name": "reply", "schema": SCHEMA}}}),
     ("regex", {"prompt": "for i in", "structured_outputs": {"regex": REGEX}}),
@@ -70,10 +70,13 @@ def _requests() -> list[dict]:
         else:
             body |= {"prompt": prompt}
         out.append({"body": body, "abort": i % 8 == 5})
-    for kind, keys in STRUCTURED:
-        body = {"model": "tiny", "max_tokens": 48, "temperature": 0.0} | keys
-        out.append({"body": body, "abort": False, "structured": kind})
-    return out
+    return out + structured_requests()
+
+
+def structured_requests() -> list[dict]:
+    """The greedy structured requests (V1 and V2 server tests), each tagged with its kind."""
+    return [{"body": {"model": "tiny", "max_tokens": 48, "temperature": 0.0} | keys,
+             "abort": False, "structured": kind} for kind, keys in STRUCTURED_BODIES]
 
 
 def answer(base: str, body: dict, timeout: float) -> dict:

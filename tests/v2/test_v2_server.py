@@ -10,7 +10,12 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from test_server_e2e import STRUCTURED, STRUCTURED_SERVER_ARGS, answer, check_structured
+from test_server_e2e import (
+    STRUCTURED_SERVER_ARGS,
+    answer,
+    check_structured,
+    structured_requests,
+)
 
 from vllm_dartree.harness.server import (
     http_text,
@@ -42,10 +47,7 @@ def _requests() -> list[dict]:
         else:
             body |= {"prompt": prompt}
         out.append({"body": body, "abort": i % 8 == 5})
-    for kind, keys in STRUCTURED:
-        body = {"model": "tiny", "max_tokens": 48, "temperature": 0.0} | keys
-        out.append({"body": body, "abort": False, "structured": kind})
-    return out
+    return out + structured_requests()
 
 
 def _send(base: str, request: dict) -> dict:

@@ -255,7 +255,8 @@ def set_threads(threads: int | None) -> None:
     """Fix the engines' thread count (before the first engine: vLLM's CPU worker locks it).
 
     On a shared CPU, 2 OpenMP threads stall at every barrier whenever another process holds
-    a core (a decode step can take tens of times longer); 1 thread does not. Servers started later inherit ``OMP_NUM_THREADS``.
+    a core (a decode step can take tens of times longer); 1 thread does not. Servers
+    started later inherit ``OMP_NUM_THREADS``.
     """
     if not threads:
         return

@@ -2,8 +2,7 @@
 
 Where the drafter's logits are memory-bound (a CPU, a small target with a large vocabulary)
 one lm_head pass reads the whole [V, H] matrix for a handful of rows (113 MB of float32
-for SmolLM2). Most of those rows are tokens a drafter
-almost never proposes. FR-Spec (Zhao et al., 2025) restricts the drafter's lm_head to the
+for SmolLM2). Most of those rows are tokens a drafter almost never proposes. FR-Spec (Zhao et al., 2025) restricts the drafter's lm_head to the
 most frequent tokens of a corpus; the target still verifies over the full vocabulary, so
 output is unchanged and only the acceptance of rare tokens is lost.
 

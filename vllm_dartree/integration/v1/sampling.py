@@ -17,8 +17,7 @@ import torch
 from vllm_dartree.integration.patching import Runner, VllmPatch
 from vllm_dartree.integration.touchpoints import V1_RELEASES
 from vllm_dartree.step.drafting import dartree_settings
-
-_SAMPLING_EPS = 1e-5  # vLLM's threshold below which a temperature means greedy
+from vllm_dartree.tree import GREEDY_TEMPERATURE
 
 
 class BuiltinLogitsProcessors(VllmPatch):
@@ -81,10 +80,10 @@ def mask_below_min_p(logits: torch.Tensor, min_p: torch.Tensor,
                      temperature: torch.Tensor) -> None:
     """Set to -inf, in place, each row's tokens whose probability at the row's temperature
     is below ``min_p`` times the row's largest (vLLM's ``MinPLogitsProcessor`` on the
-    tempered logits, the same arithmetic); ``min_p``/``temperature`` are per row; a
-    temperature below vLLM's epsilon (greedy) counts as 1, as vLLM's ``apply_temperature``
-    has it."""
-    temperature = torch.where(temperature < _SAMPLING_EPS, 1.0, temperature)
+    tempered logits, the same arithmetic); ``min_p``/``temperature`` are per row; a greedy
+    row's temperature (below ``GREEDY_TEMPERATURE``) counts as 1, as vLLM's
+    ``apply_temperature`` has it."""
+    temperature = torch.where(temperature < GREEDY_TEMPERATURE, 1.0, temperature)
     probs = torch.softmax(logits / temperature.unsqueeze(1), dim=-1)
     threshold = probs.amax(dim=-1, keepdim=True).mul_(min_p.unsqueeze(1))
     logits.masked_fill_(probs < threshold, float("-inf"))
