@@ -1,8 +1,9 @@
 """The mixed-sampling batch both runners' suites run: plain greedy and seeded requests beside
 requests with penalties, allowed token ids, logprobs, min_tokens, logit bias and min p (the
 two vLLM refuses on other speculative engines), on the trained pair. Each request must
-decode as it does target-only; the requests that verify as chains (the penalties' on both
-runners, min_tokens' and logprobs' on V1) do so beside the others' trees."""
+decode as it does target-only. Penalties verify on trees (each row counting its path); the
+requests that verify as chains (min_tokens' and logprobs' on V1) do so beside the others'
+trees."""
 
 from __future__ import annotations
 
@@ -26,8 +27,7 @@ READERS = {
     # T = 1 with min p 0.999: the argmax alone is left (this prompt's closest second is at
     # 0.996 of it), so V1's draws equal target-only's too; without min p, the seeded draw
     8: {"min_p": 0.999},
-    # Logit bias and min p beside a penalty: chains of their own (V1: applied inside vLLM's
-    # rejection sampler, ``integration/v1/sampling.py``)
+    # Logit bias and min p beside a penalty, in target-only's order on the tree rows
     12: {"repetition_penalty": 1.2, "logit_bias": {7: 2.0, 19: 1.5}},
     13: {"presence_penalty": 1.0, "min_p": 0.999},
 }

@@ -10,6 +10,7 @@ from vllm_dartree.config import CPU_DEFAULTS
 from vllm_dartree.harness.engine import generate_ids, spec_decode_counters
 from vllm_dartree.models.tiny import TargetSpec, random_prompts
 from vllm_dartree.testing.draft_rpcs import counting_draft_rpcs
+from vllm_dartree.testing.plans import counting_branched_trees
 
 pytestmark = pytest.mark.e2e
 
@@ -178,16 +179,19 @@ def test_prefix_caching_and_preemption(engines, tiny_target, tiny_domino, preemp
     assert preemptions
 
 
-def test_a_batch_of_prefix_readers_verifies_as_chains(engines, tiny_target, tiny_domino):
-    """Penalties read the drafted prefix: a batch where every request does is verified by
-    vLLM's own chain path, exactly (mixed batches: test_mixed_sampling_e2e.py)."""
+def test_a_batch_with_penalties_verifies_trees_exactly(engines, tiny_target, tiny_domino):
+    """Penalties count each tree row's path (its context in target-only decoding): a batch
+    where every request has them verifies branching trees and decodes as target-only
+    (mixed batches: test_mixed_sampling_e2e.py)."""
     from vllm import SamplingParams
 
     sampling = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True,
                               repetition_penalty=1.3, presence_penalty=0.5)
     expected = generate_ids(engines.get(model=str(tiny_target), **BATCH), PROMPTS[:6], sampling)
     llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **BATCH)
-    assert generate_ids(llm, PROMPTS[:6], sampling) == expected
+    with counting_branched_trees() as branched:
+        assert generate_ids(llm, PROMPTS[:6], sampling) == expected
+    assert sum(branched) > 0
 
 
 def test_seeded_sampling_is_reproducible(engines, tiny_target, tiny_domino):

@@ -1,12 +1,12 @@
 """A batch of mixed sampling parameters on a dartree engine, on the runner of the suite that
 collects it (the V1 suite here; the V2 suite through ``tests/v2/test_v2_mixed_sampling.py``).
-A request whose sampling reads its drafted prefix (penalties) verifies as a chain of its own
-in the same step as the other requests' trees; on V1 so do min_tokens and logprobs (vLLM's
-rejection sampler gives their tokens and logprobs). Allowed token ids, logit bias and min p
-are applied on trees, row by row, on both runners (V1: ``integration/v1/sampling.py``), and
-on V2 min_tokens and logprobs too. Every request decodes as it does target-only (V1's
-seeded requests: the same distribution, other tokens), and the plain requests keep the
-acceptance they have in a batch of their own."""
+Penalties, allowed token ids, logit bias and min p are applied on trees, row by row, each
+penalized row counting its own path, on both runners (V1: ``integration/v1/sampling.py``;
+V2: ``integration/v2/penalties.py``), and on V2 min_tokens and logprobs too. On V1 a
+min_tokens or logprobs request verifies as a chain of its own in the same step as the
+other requests' trees (vLLM's rejection sampler gives its tokens and logprobs). Every
+request decodes as it does target-only (V1's seeded requests: the same distribution, other
+tokens), and the plain requests keep the acceptance they have in a batch of their own."""
 
 from __future__ import annotations
 

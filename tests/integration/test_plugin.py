@@ -173,10 +173,11 @@ def test_on_vllm_0_34_dartree_is_a_registered_method_and_no_v1_glue_applies(monk
     assert {t.__name__ for t in patches} == {
         "ActiveInEngineProcesses", "DrafterArchitecture", "DSparkDrafterArchitecture",
         "SpecForgeDominoArchitecture", "SpecForgeDominoDrafterArchitecture",
-        "SpecForgeDSparkDrafterArchitecture", "CpuTreeAttention", "TritonTreeAttention", "SpecConvGlobal", "SpecRecurrenceGlobal",
-        "TreeRowsInTritonGdn", "NoFusedChainKernel", "DraftCountsKept",
-        "DraftCountsHandedOver", "DraftsKeptByScheduler", "DraftsWithoutRpc",
-        "DraftsWithAsyncOutput", "SpecDecodeSamplingCheck"}
+        "SpecForgeDSparkDrafterArchitecture", "CpuTreeAttention", "TritonTreeAttention",
+        "SpecConvGlobal", "SpecRecurrenceGlobal", "TreeRowsInTritonGdn", "NoFusedChainKernel",
+        "DraftCountsKept", "DraftCountsHandedOver", "DraftsKeptByScheduler",
+        "DraftsWithoutRpc", "DraftsWithAsyncOutput", "SpecDecodeSamplingCheck",
+        "PenaltiesOnTreePaths"}
     assert not any(t.runner is Runner.V1 for t in patches)
     assert [t.__name__ for t in activation.patches_at(AppliedAt.PLUGIN_LOAD)] == [
         "SpeculativeConfigGate", "SpecMethodChoice", "MethodRegistration"]

@@ -378,8 +378,8 @@ def test_target_layers_leave_out_drafter_and_recurrent_layers():
                for entry in found)
 
 
-def test_only_requests_that_read_the_drafted_prefix_verify_as_chains():
-    from vllm_dartree.step.verify_plan import chain_requests_on_v1, reads_drafted_prefix
+def test_only_requests_whose_sampling_follows_the_chain_verify_as_chains():
+    from vllm_dartree.step.verify_plan import chain_requests_on_v1, verifies_as_chain
 
     def params(**changes):
         plain = dict(presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0,
@@ -388,12 +388,14 @@ def test_only_requests_that_read_the_drafted_prefix_verify_as_chains():
         return SimpleNamespace(sampling_params=SimpleNamespace(**(plain | changes)))
 
     requests = {"a": params(), "b": params(logprobs=2), "c": SimpleNamespace(),
-                "d": params(repetition_penalty=1.2), "e": params(min_tokens=3)}
-    assert chain_requests_on_v1(requests, ["a", "b", "c", "missing", "d", "e"]) == [
-        False, True, False, False, True, True]
-    # V2's tree sampler applies logprobs and min_tokens row by row: only "d" reads its prefix.
-    assert [reads_drafted_prefix(requests[r].sampling_params) for r in "abde"] == [
-        False, False, True, False]
+                "d": params(repetition_penalty=1.2), "e": params(min_tokens=3),
+                "f": params(bad_words=["x y"]), "g": params(structured_outputs=object())}
+    assert chain_requests_on_v1(requests, ["a", "b", "c", "missing", "d", "e", "f", "g"]) == [
+        False, True, False, False, False, True, True, True]
+    # V2's tree sampler applies logprobs and min_tokens row by row; penalties count each
+    # row's path on both runners.
+    assert [verifies_as_chain(requests[r].sampling_params) for r in "abdefg"] == [
+        False, False, False, False, True, True]
 
 
 def test_a_chain_request_verifies_every_scheduled_row_as_a_chain_beside_trees():
@@ -426,3 +428,29 @@ def test_chain_proposals_make_chain_plans():
     assert step.plan(["r0", "r1", "r2"], [0, 4, 3], np.array([3, 5, 4]), {}, False).chains
     # No proposal at all: vLLM's scheduled tokens verify as chains.
     assert step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, CHAIN_TOKENS, False).chains
+
+
+def test_path_tokens_are_each_rows_path_from_the_root():
+    """Every logits row of a tree node holds the tokens from the root to that node (the
+    node included, the root not), found here by walking parents; roots, requests without
+    drafts and unused columns hold the padding. r2's tree is cut to its 3 scheduled rows."""
+    from vllm_dartree.step.verify_plan import path_tokens
+
+    gen = torch.Generator().manual_seed(5)
+    step, _, _ = make_step(gen)
+    plan = step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, CHAIN_TOKENS, False)
+    pad = VOCAB
+    found = path_tokens(plan, pad)
+    layout, _, num_logit_rows = naive_layout()
+    assert found.shape == (num_logit_rows, BUDGET)
+    expected = torch.full((num_logit_rows, BUDGET), pad)
+    for t, req in enumerate(plan.req_ids):
+        tokens, parents = plan.tree.tokens[t].tolist(), plan.tree.parents[t].tolist()
+        for j, row in enumerate(layout[req][2][1:], start=1):
+            path, node = [], j
+            while node:
+                path.append(tokens[node - 1])
+                node = parents[node - 1]
+            expected[row, : len(path)] = torch.tensor(sorted(path))
+    assert torch.equal(found.sort(dim=1).values, expected)
+    assert any((found[rows[2][1:]] != pad).sum(1).max() > 1 for rows in layout.values())

@@ -14,6 +14,7 @@ from conftest import v1_target_only
 from vllm_dartree.harness.engine import generate_ids, spec_decode_counters
 from vllm_dartree.models.tiny import TargetSpec, random_prompts
 from vllm_dartree.testing.draft_rpcs import counting_draft_rpcs
+from vllm_dartree.testing.plans import counting_branched_trees
 
 pytestmark = pytest.mark.e2e
 
@@ -64,14 +65,16 @@ def test_other_drafters_match_target_only(request, engines, tiny_target, baselin
     assert generate_ids(llm, PROMPTS, greedy()) == baseline
 
 
-def test_a_batch_of_prefix_readers_verifies_as_chains(engines, tiny_target, tiny_domino):
-    """Penalties read the drafted prefix: every request of such a batch is a chain of its own,
-    its rows processed by vLLM's sampler in chain order (mixed batches:
-    test_v2_mixed_sampling.py)."""
+def test_a_batch_with_penalties_verifies_trees_exactly(engines, tiny_target, tiny_domino):
+    """Penalties count each tree row's path (its context in target-only decoding): a batch
+    where every request has them verifies branching trees and decodes as target-only
+    (mixed batches: test_mixed_sampling_e2e.py)."""
     sampling = greedy(repetition_penalty=1.3, presence_penalty=0.5)
     expected = generate_ids(engines.get(model=str(tiny_target), **BATCH), PROMPTS[:4], sampling)
     llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino), **BATCH)
-    assert generate_ids(llm, PROMPTS[:4], sampling) == expected
+    with counting_branched_trees() as branched:
+        assert generate_ids(llm, PROMPTS[:4], sampling) == expected
+    assert sum(branched) > 0
 
 
 def test_one_request_reaching_max_model_len_while_others_decode(engines, tiny_target,

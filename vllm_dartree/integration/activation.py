@@ -300,6 +300,7 @@ def declared_patches() -> tuple[type[TouchPoint], ...]:
     )
     from vllm_dartree.integration.v2.draft_counts import DRAFT_COUNT_PATCHES
     from vllm_dartree.integration.v2.draft_handoff import DraftsWithAsyncOutput
+    from vllm_dartree.integration.v2.penalties import PenaltiesOnTreePaths
 
     return (
         # every vLLM process: the gate
@@ -312,8 +313,10 @@ def declared_patches() -> tuple[type[TouchPoint], ...]:
         CpuTreeAttention, TritonTreeAttention, CpuGdnConvWindowFix, *TRITON_GDN_PATCHES,
         *ENGINE_CORE_PATCHES, SpecDecodeSamplingCheck,
         # ... the V2 runner's (its speculator choice, the adaptive budget's draft counts to
-        # the scheduler, drafts with the sampled tokens, the lm_head LoRA ids per logits row) ...
+        # the scheduler, drafts with the sampled tokens, the lm_head LoRA ids per logits row,
+        # penalties along tree paths) ...
         V2SpeculatorChoice, *DRAFT_COUNT_PATCHES, DraftsWithAsyncOutput, *V2_LORA_PATCHES,
+        PenaltiesOnTreePaths,
         # ... and the V1 runner's
         DrafterBlockLookahead, *CPU_DEFECT_FIXES, DFlashProposerGlobal, *RUNNER_PATCHES,
         DraftsWithOutput, BuiltinLogitsProcessors, ChainRowsLogitBiasAndMinP,

@@ -77,6 +77,7 @@ DFLASH = "vllm.v1.worker.gpu.spec_decode.dflash.speculator:DFlashSpeculator"
 DRAFT_SPECULATOR = "vllm.v1.worker.gpu.spec_decode.speculator:DraftModelSpeculator"
 MODEL_STATE = "vllm.v1.worker.gpu.model_states.default:DefaultModelState"
 INPUT_BATCH = "vllm.v1.worker.gpu.input_batch:InputBatch"
+PENALTIES = "vllm.v1.worker.gpu.sample.penalties:PenaltiesState"
 PROPOSER = "vllm.v1.spec_decode.dflash:DFlashProposer"
 DFLASH2 = "vllm.v1.worker.gpu.spec_decode.dflash2.speculator:DFlash2Speculator"
 LILICORR = "vllm.v1.worker.gpu.spec_decode.lilicorr.speculator:LiLiCorrSpeculator"
@@ -347,6 +348,13 @@ NAMES: tuple[VllmName, ...] = _names(
     V1Name("vllm.v1.sample.logits_processor:LogitsProcessors"),
     V1Name("vllm.v1.sample.metadata:SamplingMetadata.logitsprocs"),
     V1Name("vllm.v1.sample.metadata:SamplingMetadata.allowed_token_ids_mask"),
+    *[V1Name(f"vllm.v1.sample.metadata:SamplingMetadata.{field}") for field in (
+        "no_penalties", "prompt_token_ids", "output_token_ids", "presence_penalties",
+        "frequency_penalties", "repetition_penalties")],
+    V1Name("vllm.model_executor.layers.utils:apply_penalties",
+           ("logits", "prompt_tokens_tensor", "output_tokens_tensor", "presence_penalties",
+            "frequency_penalties", "repetition_penalties"), exact=True,
+           use="vLLM's V1 penalties on tree rows, each row's output plus its path"),
     V1Name("vllm.v1.sample.logits_processor.state:LogitsProcessors.argmax_invariant"),
     V1Name("vllm.v1.sample.logits_processor.state:LogitsProcessors.non_argmax_invariant"),
     V1Name("vllm.v1.sample.logits_processor.builtin:LogitBiasLogitsProcessor.biases"),
@@ -443,6 +451,20 @@ NAMES: tuple[VllmName, ...] = _names(
              ("self", "idx_mapping_np")),
     VllmName("vllm.v1.worker.gpu.sample.sampler:Sampler.logprobs_mode"),
     VllmName("vllm.v1.worker.gpu.sample.sampler:Sampler.logprob_token_ids_state"),
+    VllmName("vllm.v1.worker.gpu.sample.sampler:Sampler.penalties_state"),
+    VllmName(f"{INPUT_BATCH}.cu_num_logits_np"),
+    VllmName(f"{PENALTIES}.apply", ("self", "logits", "ctx"), exact=True,
+             use="wrapped (v2/penalties.py): tree rows count their paths"),
+    *[VllmName(f"{PENALTIES}.{field}") for field in (
+        "use_penalty", "output_bin_counts", "prompt_bin_mask", "repetition_penalty",
+        "frequency_penalty", "presence_penalty")],
+    VllmName("vllm.v1.worker.gpu.sample.penalties:apply_penalties",
+             ("logits", "expanded_idx_mapping", "token_ids", "expanded_local_pos",
+              "repetition_penalty", "frequency_penalty", "presence_penalty",
+              "prompt_bin_mask", "output_bin_counts"), exact=True,
+             use="vLLM's penalties kernel, one state row per tree row"),
+    *[VllmName(f"vllm.v1.worker.gpu.sample.logits_processor.interface:LogitsContext.{f}")
+      for f in ("expanded_idx_mapping", "idx_mapping_np", "input_ids")],
 
     VllmName("vllm.v1.worker.gpu.spec_decode.rejection_sampler:RejectionSampler",
              use="chain batches: vLLM's own verification"),

@@ -94,7 +94,7 @@ class TreeStep:
         ``verify_as_chain``: every request's draft is a chain vLLM verifies itself). A step
         without drafts has no plan, so its forward and attention run as in plain decoding
         (the adaptive budget's paused steps). ``chain_rows[i]``: request ``req_ids[i]``
-        verifies as a chain (``verify_plan.reads_drafted_prefix``; on V1
+        verifies as a chain (``verify_plan.verifies_as_chain``; on V1
         ``verifies_as_chain_on_v1``), its drafts this step's and the next proposal's
         (:attr:`chain_rows`)."""
         StepProfile.new_round(self.device)
@@ -171,12 +171,19 @@ class TreeStep:
         return self._plan
 
     # ---- phase 3: accept and compact, in place of vLLM's sampler ------------------------
-    def accept(self, logits: torch.Tensor, sampling: Any, max_spec_len: int
-               ) -> torch.Tensor | None:
+    def accept(self, logits: torch.Tensor, sampling: Any, max_spec_len: int,
+               as_target_only: Callable[[torch.Tensor, VerifyPlan], torch.Tensor] | None
+               = None) -> torch.Tensor | None:
         """V1: sampled token ids [R, max_spec_len + 1] of a tree step (vLLM's sampler
-        contract), or None when this step has no plan (vLLM's own sampler runs)."""
-        accepted = self.accept_with(
-            lambda plan: self.verifier.target_choice(logits, plan, sampling), max_spec_len + 1)
+        contract), or None when this step has no plan (vLLM's own sampler runs).
+        ``as_target_only(logits, plan)``: the logits rows with the sampling parameters
+        target-only applies before temperature, top-k and top-p."""
+
+        def choose(plan: VerifyPlan) -> torch.Tensor:
+            rows = logits if as_target_only is None else as_target_only(logits, plan)
+            return self.verifier.target_choice(rows, plan, sampling)
+
+        accepted = self.accept_with(choose, max_spec_len + 1)
         return None if accepted is None else accepted[0]
 
     def accept_with(self, choose: Callable[[VerifyPlan], torch.Tensor], columns: int

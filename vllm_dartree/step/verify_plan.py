@@ -245,28 +245,47 @@ def compaction_pairs(accepted: AcceptedPaths, slot_mapping: torch.Tensor
     return slot_mapping[src_rows.flatten()], slot_mapping[dst_rows.flatten()]
 
 
-def reads_drafted_prefix(sampling_params) -> bool:
-    """Whether a request's sampling reads its drafted prefix (presence, frequency and
-    repetition penalties, bad words, structured output, a thinking budget): its draft is a
-    chain of its own, whose rows vLLM's sampling machinery processes in chain order (each
-    row's ancestors); its batch-mates keep their trees. V2's tree sampler applies every
-    other parameter row by row, at the row's depth position."""
+def path_tokens(plan: VerifyPlan, pad: int) -> torch.Tensor:
+    """int64 [num_logit_rows, B]: at each logits row of a tree node, the drafted tokens on
+    the path from the root to that node (the node included, the root excluded: vLLM counts
+    the root among the request's output), in node order, ``pad`` elsewhere; rows of roots
+    and of requests without drafts are all ``pad``. What a row's sampling sees beyond the
+    request's committed output: the row's context in target-only decoding (penalties count
+    these tokens). Padded columns of ``node_logit_rows`` repeat the last node's row and
+    write its path, so their duplicate writes are identical."""
+    tree = plan.tree
+    size = 1 + tree.budget
+    columns = torch.arange(size, device=tree.tokens.device)
+    node = torch.minimum(columns, plan.num_drafts.unsqueeze(1))  # [T, 1+B] as node_logit_rows
+    on_path = plan.ancestors.gather(1, node.unsqueeze(-1).expand(-1, -1, size))[:, :, 1:]
+    tokens = torch.where(on_path, tree.tokens.unsqueeze(1), pad)  # [T, 1+B, B]
+    rows = torch.full((plan.num_logit_rows, tree.budget), pad, dtype=torch.int64,
+                      device=tree.tokens.device)
+    rows[plan.node_logit_rows] = tokens
+    return rows
+
+
+def verifies_as_chain(sampling_params) -> bool:
+    """Whether a request's drafts verify as a chain of its own, on both runners: its
+    sampling follows state along the drafted tokens that a tree row does not carry (bad
+    words, whose multi-token words match the prefix; a structured output's grammar; a
+    thinking budget). vLLM's sampling machinery processes such a chain's rows in chain order;
+    its batch-mates keep their trees. Penalties verify on trees: each row counts its own
+    path (:func:`path_tokens`)."""
     sp = sampling_params
     if sp is None:
         return False
-    return bool(
-        sp.presence_penalty or sp.frequency_penalty or sp.repetition_penalty != 1.0
-        or sp.bad_words or sp.structured_outputs is not None
-        or getattr(sp, "thinking_token_budget", None)
-    )
+    return bool(sp.bad_words or sp.structured_outputs is not None
+                or getattr(sp, "thinking_token_budget", None))
 
 
 def verifies_as_chain_on_v1(sampling_params) -> bool:
-    """V1: :func:`reads_drafted_prefix`, or sampling V1's tree rows do not get (min_tokens,
+    """V1: :func:`verifies_as_chain`, or sampling V1's tree rows do not get (min_tokens,
     logprobs): vLLM's rejection sampler verifies such a request's chain. Allowed token ids,
-    logit bias and min p are applied to tree rows (``integration/v1/sampling.py``)."""
+    logit bias, penalties and min p are applied to tree rows
+    (``integration/v1/sampling.py``)."""
     sp = sampling_params
-    return reads_drafted_prefix(sp) or (sp is not None and bool(
+    return verifies_as_chain(sp) or (sp is not None and bool(
         sp.min_tokens or sp.logprobs is not None))
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 import torch
 
@@ -29,3 +32,21 @@ def layout_for_roots(root_rows: list[int], num_drafts: list[int]) -> list[int]:
     """``num_scheduled`` of a batch of drafted requests whose roots sit at ``root_rows``."""
     ends = [root + n + 1 for root, n in zip(root_rows, num_drafts)]
     return [end - start for start, end in zip([0, *ends[:-1]], ends)]
+
+
+@contextmanager
+def counting_branched_trees() -> Iterator[list[int]]:
+    """While the block runs, append to the yielded list, for every tree step verified in
+    this process, how many of its requests verified a tree that branches (some node not the
+    child of the node before it: not a chain)."""
+    from vllm_dartree.step.verifier import TreeVerifier
+
+    counts: list[int] = []
+
+    def record(paths) -> None:
+        tree = paths.plan.tree
+        columns = torch.arange(tree.budget, device=tree.parents.device)
+        counts.append(int(((tree.parents != columns) & tree.valid).any(dim=1).sum()))
+
+    with TreeVerifier.observing(record):
+        yield counts

@@ -169,16 +169,17 @@ class TreeSampler(V1RunnerPatch):
             if not step.has_plan():  # a step vLLM verifies itself
                 return original(self, logits, spec_decode_metadata)
             chains = [i for i, chain in enumerate(step.chain_rows) if chain]
-            # Requests whose sampling reads the drafted prefix verify their chains through
-            # vLLM's rejection sampler (penalties, bad words, min_tokens, logprobs over the
-            # chain's prefix); it runs over the whole batch, whose other rows are dropped.
-            # The tree rows get allowed ids, logit bias and min p here.
+            # Requests verified as chains of their own (bad words, a grammar, min_tokens,
+            # logprobs) go through vLLM's rejection sampler; it runs over the whole batch,
+            # whose other rows are dropped. The tree rows get allowed ids, logit bias,
+            # penalties and min p here.
             by_vllm = original(self, logits, spec_decode_metadata) if chains else None
             self.input_batch.update_async_output_token_ids()
             sampling = self.input_batch.sampling_metadata
-            tree_logits = tree_rows_as_target_only(logits, sampling,
-                                                   spec_decode_metadata.num_draft_tokens)
-            sampled = step.accept(tree_logits, sampling, spec_decode_metadata.max_spec_len)
+            sampled = step.accept(
+                logits, sampling, spec_decode_metadata.max_spec_len,
+                lambda rows, plan: tree_rows_as_target_only(
+                    rows, sampling, spec_decode_metadata.num_draft_tokens, plan))
             if by_vllm is None:
                 return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
             rows = torch.tensor(chains, device=sampled.device)

@@ -2,9 +2,10 @@
 
 vLLM's V1 runner builds only the min_tokens processor for a speculative engine; a dartree
 engine gets vLLM's built-in ones (:class:`BuiltinLogitsProcessors`: the bonus rows and steps
-without drafts then apply logit bias and min p). Tree rows get allowed token ids, logit bias
-and min p from :func:`tree_rows_as_target_only` before the tree verifier chooses; the draft
-rows of chain-verified requests get logit bias and min p inside vLLM's rejection sampler
+without drafts then apply logit bias and min p). Tree rows get allowed token ids, logit
+bias, penalties (each row counting its tree path) and min p from
+:func:`tree_rows_as_target_only` before the tree verifier chooses; the draft rows of
+chain-verified requests get logit bias and min p inside vLLM's rejection sampler
 (:class:`ChainRowsLogitBiasAndMinP`), which applies the rest."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from vllm_dartree.integration.patching import Runner, VllmPatch
 from vllm_dartree.integration.touchpoints import V1_RELEASES
 from vllm_dartree.step.drafting import dartree_settings
+from vllm_dartree.step.verify_plan import VerifyPlan, path_tokens
 from vllm_dartree.tree import GREEDY_TEMPERATURE
 
 
@@ -118,16 +120,41 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor, sampling_metadata,
                      sampling_metadata.temperature[rows.to(logits.device)])
 
 
+def add_penalties_on_paths(logits: torch.Tensor, sampling_metadata, request: np.ndarray,
+                           paths: torch.Tensor) -> None:
+    """Presence, frequency and repetition penalties on every row, in place: row i counts its
+    request's output so far (batch index ``request[i]``, vLLM's ``output_token_ids``) plus
+    ``paths[i]`` (its tree path, padded with the vocabulary size), through vLLM's
+    ``apply_penalties``: what V1's rejection sampler does for a chain row with the chain's
+    prefix."""
+    from vllm.model_executor.layers.utils import apply_penalties
+
+    vocab = logits.shape[1]
+    outputs = sampling_metadata.output_token_ids
+    table = np.full((len(outputs), max(map(len, outputs), default=0)), vocab, np.int64)
+    for i, tokens in enumerate(outputs):
+        table[i, : len(tokens)] = tokens
+    table[table == -1] = vocab  # async scheduling's placeholders of rows without penalties
+    rows = torch.from_numpy(request).to(logits.device)
+    output_rows = torch.cat([torch.from_numpy(table).to(logits.device)[rows], paths], dim=1)
+    apply_penalties(logits, sampling_metadata.prompt_token_ids[rows], output_rows,
+                    sampling_metadata.presence_penalties[rows],
+                    sampling_metadata.frequency_penalties[rows],
+                    sampling_metadata.repetition_penalties[rows])
+
+
 def tree_rows_as_target_only(logits: torch.Tensor, sampling_metadata,
-                             num_draft_tokens: list[int]) -> torch.Tensor:
+                             num_draft_tokens: list[int], plan: VerifyPlan) -> torch.Tensor:
     """The step's logits rows (request r's ``num_draft_tokens[r] + 1`` rows one after another)
-    with each request's allowed token ids, logit bias and min p applied in target-only's
-    order (mask, bias, then min p at the row's temperature; the tree verifier then applies
-    temperature, top-k and top-p), in float32 as vLLM's sampler works; ``logits`` itself
-    unchanged. The other parameters' requests verify as chains (``verify_plan``)."""
+    with each request's allowed token ids, logit bias, penalties and min p applied in
+    target-only's order (mask, bias, penalties over the output so far plus the row's tree
+    path, then min p at the row's temperature; the tree verifier then applies temperature,
+    top-k and top-p), in float32 as vLLM's sampler works; ``logits`` itself unchanged. The
+    other parameters' requests verify as chains (``verify_plan``)."""
     allowed = sampling_metadata.allowed_token_ids_mask
     biases, min_p = biases_and_min_p(sampling_metadata)
-    if allowed is None and biases is None and min_p is None:
+    penalties = not sampling_metadata.no_penalties
+    if allowed is None and biases is None and min_p is None and not penalties:
         return logits
     rows_per_request = [n + 1 for n in num_draft_tokens]
     request = row_requests(rows_per_request)
@@ -137,6 +164,9 @@ def tree_rows_as_target_only(logits: torch.Tensor, sampling_metadata,
                             float("-inf"))
     if biases is not None:
         add_logit_bias(logits, biases, rows_per_request)
+    if penalties:
+        add_penalties_on_paths(logits, sampling_metadata, request,
+                               path_tokens(plan, logits.shape[1]))
     if min_p is not None:
         apply_min_p(logits, min_p, sampling_metadata, request)
     return logits

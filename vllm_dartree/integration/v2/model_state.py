@@ -33,8 +33,8 @@ from vllm_dartree.step.kv_mover import target_attention_layers, target_layers_kv
 from vllm_dartree.step.tree_step import STEP_ATTR, TreeStep
 from vllm_dartree.step.verify_plan import (
     VerifyPlan,
-    reads_drafted_prefix,
     set_depth_positions,
+    verifies_as_chain,
     write_depth_positions,
 )
 
@@ -51,22 +51,21 @@ class DARTreeModelState:
         self.vllm_config = vllm_config
         max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
         self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
-        # Per request-state row: its sampling reads the drafted prefix (penalties, bad words,
-        # ...), so its drafts are a chain of its own, whose rows vLLM's sampler processes in
-        # chain order.
-        self.reads_prefix = np.zeros(vllm_config.scheduler_config.max_num_seqs, dtype=bool)
+        # Per request-state row: its drafts are a chain of its own (bad words, a grammar, a
+        # thinking budget), whose rows vLLM's sampler processes in chain order.
+        self.chain_request = np.zeros(vllm_config.scheduler_config.max_num_seqs, dtype=bool)
         self.plan: VerifyPlan | None = None  # this step's, between prepare_attn and sampling
         self.recurrent_layers: list[tuple[Any, Any]] = []  # this step's GDN (layer, metadata)
 
     def add_request(self, req_index: int, new_req_data) -> None:
         super().add_request(req_index, new_req_data)
-        self.reads_prefix[req_index] = reads_drafted_prefix(new_req_data.sampling_params)
+        self.chain_request[req_index] = verifies_as_chain(new_req_data.sampling_params)
 
     def prepare_attn(self, input_batch, *args: Any, **kwargs: Any) -> dict[str, Any]:
         metadata = super().prepare_attn(input_batch, *args, **kwargs)
         num_reqs = input_batch.num_reqs
         drafts = input_batch.num_draft_tokens_per_req
-        chains = self.reads_prefix[input_batch.idx_mapping_np[:num_reqs]].tolist()
+        chains = self.chain_request[input_batch.idx_mapping_np[:num_reqs]].tolist()
         self.step.plan(list(input_batch.req_ids[:num_reqs]),
                        None if drafts is None else drafts[:num_reqs].tolist(),
                        input_batch.num_scheduled_tokens[:num_reqs],

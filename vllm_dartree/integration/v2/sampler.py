@@ -5,21 +5,29 @@ parameters, temperature, top-k/p, and V2's draws keyed by each request's seed an
 position), with each tree row at its depth position, root + depth: a node is drawn exactly
 as target-only decoding would draw the token after that node's path, so every emitted
 token is the target's own. The tree walk, KV compaction and statistics are the shared
-verifier's. A step without a plan (no drafts, or a batch whose sampling reads the drafted
-prefix, whose drafts are chains) goes to vLLM's own ``RejectionSampler``.
+verifier's; penalties count each row's path (``penalties.py``). A step without a plan
+(no drafts) goes to vLLM's own ``RejectionSampler``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+import numpy as np
 import torch
 from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
 from vllm.v1.worker.gpu.sample.logprob import compute_topk_scores
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
 
-from vllm_dartree.step.verify_plan import AcceptedPaths, VerifyPlan, accepted_row_order
+from vllm_dartree.integration.v2.penalties import TreePaths, tree_paths
+from vllm_dartree.step.verify_plan import (
+    AcceptedPaths,
+    VerifyPlan,
+    accepted_row_order,
+    path_tokens,
+)
 
 
 class TreeRejectionSampler:
@@ -64,11 +72,21 @@ class TreeRejectionSampler:
         logits as vLLM's sampling parameters processed them)."""
         rows = input_batch.logits_indices
         positions = self.model_state.positions[rows]
-        tokens, processed = self.sampler.sample(
-            logits, input_batch.expanded_idx_mapping, input_batch.idx_mapping,
-            input_batch.idx_mapping_np, positions, input_batch.input_ids[rows],
-            input_batch.expanded_local_pos, input_batch.seq_lens_cpu_upper_bound.numpy())
+        with self.penalized_on_paths(logits, input_batch, plan):
+            tokens, processed = self.sampler.sample(
+                logits, input_batch.expanded_idx_mapping, input_batch.idx_mapping,
+                input_batch.idx_mapping_np, positions, input_batch.input_ids[rows],
+                input_batch.expanded_local_pos, input_batch.seq_lens_cpu_upper_bound.numpy())
         return tokens.to(torch.int64), processed
+
+    def penalized_on_paths(self, logits: torch.Tensor, input_batch, plan: VerifyPlan):
+        """vLLM's penalties counting each row's tree path (``v2/penalties.py``) while the
+        block runs, where a request of the batch has penalties."""
+        state = self.sampler.penalties_state
+        if not np.any(state.use_penalty[input_batch.idx_mapping_np]):
+            return contextlib.nullcontext()
+        paths = TreePaths(path_tokens(plan, logits.shape[1]), input_batch.cu_num_logits_np)
+        return tree_paths(state, paths)
 
     def path_logprobs(self, logits: torch.Tensor, input_batch, sampled: torch.Tensor,
                       num_sampled: torch.Tensor, paths: AcceptedPaths):
