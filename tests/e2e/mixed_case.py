@@ -1,9 +1,8 @@
 """The mixed-sampling batch both runners' suites run: plain greedy and seeded requests beside
 requests with penalties, allowed token ids, logprobs, min_tokens, logit bias and min p (the
 two vLLM refuses on other speculative engines), on the trained pair. Each request must
-decode as it does target-only. Penalties verify on trees (each row counting its path); the
-requests that verify as chains (min_tokens' and logprobs' on V1) do so beside the others'
-trees."""
+decode as it does target-only; every request verifies on trees (penalties counting each
+row's path, min_tokens by each row's depth)."""
 
 from __future__ import annotations
 
@@ -97,7 +96,9 @@ def check_logprobs(expected: list, found: list, tol: float = 1e-4) -> None:
     for want, got in zip(expected, found):
         assert set(want) == set(got)
         for token, value in want.items():
-            assert abs(value.logprob - got[token].logprob) <= tol
+            # A grammar's mask leaves -inf, equal on both sides.
+            assert (value.logprob == got[token].logprob
+                    or abs(value.logprob - got[token].logprob) <= tol)
 
 
 # Structured outputs (xgrammar, vLLM's default backend) beside plain requests: a tiny target
@@ -106,27 +107,42 @@ TEXT_PROMPTS = ["def foo(x):", "import os\n", "class A:", "for i in range(10):",
                 "print("]
 
 
+# Request 5's bad word: two tokens its unconstrained greedy answer holds (the tiny target's
+# weights are seeded); bad words verify as a chain of their own, as grammars do.
+BAD_WORD = {5: "poc"}
+
+
 def structured_params(index: int, constrained: bool = True):
+    """A regex (every third request), a choice (every third), a bad word (request 5) or a
+    plain request, each with logprobs=2 (V1: the chains give theirs, the trees theirs)."""
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
     grammar = (StructuredOutputsParams(regex=r"[a-z]+ = [0-9]+(, [0-9]+)*") if index % 3 == 0
                else StructuredOutputsParams(choice=["yes please", "no thanks", "maybe later"])
                if index % 3 == 1 else None)
-    if not constrained or grammar is None:
-        return SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    return SamplingParams(temperature=0.0, max_tokens=24, structured_outputs=grammar)
+    free = {"temperature": 0.0, "max_tokens": 24, "logprobs": 2}
+    if not constrained:
+        return SamplingParams(**free, ignore_eos=True)
+    if index in BAD_WORD:  # logprobs=1: the sampled token's own entry shows when it differs
+        return SamplingParams(**(free | {"logprobs": 1}), ignore_eos=True,
+                              bad_words=[BAD_WORD[index]])
+    if grammar is None:
+        return SamplingParams(**free, ignore_eos=True)
+    return SamplingParams(**free, structured_outputs=grammar)
 
 
-def generate_structured(llm, constrained: bool = True) -> list[str]:
+def generate_structured(llm, constrained: bool = True) -> list[tuple[str, list | None]]:
     outputs = llm.generate(TEXT_PROMPTS, [structured_params(i, constrained)
                                           for i in range(len(TEXT_PROMPTS))], use_tqdm=False)
-    return [o.outputs[0].text for o in outputs]
+    return [(o.outputs[0].text, o.outputs[0].logprobs) for o in outputs]
 
 
 def check_structured_outputs_beside_trees(engines) -> None:
-    """Regex and choice requests beside plain requests' trees, dartree against target-only
-    on a tiny target with a tokenizer; the grammar must change every constrained text."""
+    """Regex, choice and bad-words requests beside plain requests' trees, dartree against
+    target-only on a tiny target with a tokenizer; the constraint must change every
+    constrained text. Every request's logprobs equal target-only's (V1 merges the chains'
+    and the trees')."""
     from vllm_dartree.models import tiny
 
     spec = tiny.TargetSpec(with_tokenizer=True)
@@ -135,7 +151,11 @@ def check_structured_outputs_beside_trees(engines) -> None:
     llm = engines.get(model=target, skip_tokenizer_init=False, max_num_seqs=8)
     expected = generate_structured(llm)
     free = generate_structured(llm, constrained=False)
-    assert all(expected[i] != free[i] for i in range(len(expected)) if i % 3 != 2)
+    assert all(expected[i][0] != free[i][0] for i in range(len(expected))
+               if i % 3 != 2 or i in BAD_WORD)
     llm = engines.get(model=target, skip_tokenizer_init=False, max_num_seqs=8,
                       speculative_config={"method": "dartree", "model": drafter})
-    assert generate_structured(llm) == expected
+    found = generate_structured(llm)
+    assert [text for text, _ in found] == [text for text, _ in expected]
+    for (_, want), (_, got) in zip(expected, found):
+        check_logprobs(want, got)

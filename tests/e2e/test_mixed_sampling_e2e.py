@@ -1,12 +1,12 @@
 """A batch of mixed sampling parameters on a dartree engine, on the runner of the suite that
 collects it (the V1 suite here; the V2 suite through ``tests/v2/test_v2_mixed_sampling.py``).
-Penalties, allowed token ids, logit bias and min p are applied on trees, row by row, each
-penalized row counting its own path, on both runners (V1: ``integration/v1/sampling.py``;
-V2: ``integration/v2/penalties.py``), and on V2 min_tokens and logprobs too. On V1 a
-min_tokens or logprobs request verifies as a chain of its own in the same step as the
-other requests' trees (vLLM's rejection sampler gives its tokens and logprobs). Every
-request decodes as it does target-only (V1's seeded requests: the same distribution, other
-tokens), and the plain requests keep the acceptance they have in a batch of their own."""
+Every parameter of the batch (penalties, allowed token ids, logprobs, min_tokens, logit
+bias, min p) is applied on trees, row by row: a penalized row counts its own path, a
+min_tokens row its depth (V1: ``integration/v1/sampling.py``; V2: vLLM's sampler at the
+row's depth position, ``integration/v2/penalties.py``). Grammars verify as chains of their
+own beside plain requests' trees (the structured test). Every request decodes as it does
+target-only (V1's seeded requests: the same distribution, other tokens), and the plain
+requests keep the acceptance they have in a batch of their own."""
 
 from __future__ import annotations
 

@@ -164,7 +164,7 @@ def test_a_whole_step_against_naive_walks(seed):
                 choice[row] = kids[int(torch.randint(0, len(kids), (), generator=gen))]
     logits = torch.nn.functional.one_hot(choice, VOCAB).float()
     greedy = SimpleNamespace(all_greedy=True)
-    sampled = step.accept(logits, greedy, max_spec_len=6)
+    sampled, _ = step.accept(logits, greedy, max_spec_len=6)
 
     (accepted, kv), = moves
     assert kv == "the layers"
@@ -390,10 +390,12 @@ def test_only_requests_whose_sampling_follows_the_chain_verify_as_chains():
     requests = {"a": params(), "b": params(logprobs=2), "c": SimpleNamespace(),
                 "d": params(repetition_penalty=1.2), "e": params(min_tokens=3),
                 "f": params(bad_words=["x y"]), "g": params(structured_outputs=object())}
-    assert chain_requests_on_v1(requests, ["a", "b", "c", "missing", "d", "e", "f", "g"]) == [
-        False, True, False, False, False, True, True, True]
-    # V2's tree sampler applies logprobs and min_tokens row by row; penalties count each
-    # row's path on both runners.
+    ids = ["a", "b", "c", "missing", "d", "e", "f", "g"]
+    assert chain_requests_on_v1(requests, ids) == [
+        False, False, False, False, False, False, True, True]
+    # V1's tree verifier keeps raw logits rows only: processed logprobs take a chain there.
+    assert chain_requests_on_v1(requests, ids, processed_logprobs=True) == [
+        False, True, False, False, False, False, True, True]
     assert [verifies_as_chain(requests[r].sampling_params) for r in "abdefg"] == [
         False, False, False, False, True, True]
 

@@ -360,6 +360,17 @@ NAMES: tuple[VllmName, ...] = _names(
     V1Name("vllm.v1.sample.logits_processor.builtin:LogitBiasLogitsProcessor.biases"),
     V1Name("vllm.v1.sample.logits_processor.builtin:MinPLogitsProcessor.min_p_cpu"),
     V1Name("vllm.v1.sample.logits_processor.builtin:MinPLogitsProcessor.min_p_count"),
+    V1Name("vllm.v1.sample.logits_processor.builtin:MinTokensLogitsProcessor.min_toks",
+           use="requests short of min_tokens: stop tokens masked on tree rows by depth"),
+    V1Name(f"{RUNNER}.sampler"),
+    V1Name("vllm.v1.sample.sampler:Sampler.logprobs_mode"),
+    V1Name("vllm.v1.sample.sampler:Sampler.compute_logprobs", ("logits",)),
+    V1Name("vllm.v1.sample.sampler:Sampler.gather_logprobs",
+           ("logprobs", "num_logprobs", "token_ids"),
+           use="logprobs of a tree step's tokens, from their nodes' raw rows"),
+    V1Name("vllm.v1.sample.metadata:SamplingMetadata.max_num_logprobs"),
+    *[VllmName(f"vllm.v1.outputs:LogprobsTensors.{field}") for field in (
+        "logprob_token_ids", "logprobs", "selected_token_ranks")],
     # --- the V2 model runner (integration/v2), vLLM 0.32-0.34
     VllmName("vllm.v1.worker.gpu.model_runner:init_speculator",
              ("vllm_config", "device", "req_states"), exact=True,

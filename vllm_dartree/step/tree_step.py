@@ -173,18 +173,17 @@ class TreeStep:
     # ---- phase 3: accept and compact, in place of vLLM's sampler ------------------------
     def accept(self, logits: torch.Tensor, sampling: Any, max_spec_len: int,
                as_target_only: Callable[[torch.Tensor, VerifyPlan], torch.Tensor] | None
-               = None) -> torch.Tensor | None:
-        """V1: sampled token ids [R, max_spec_len + 1] of a tree step (vLLM's sampler
-        contract), or None when this step has no plan (vLLM's own sampler runs).
-        ``as_target_only(logits, plan)``: the logits rows with the sampling parameters
-        target-only applies before temperature, top-k and top-p."""
+               = None) -> tuple[torch.Tensor, AcceptedPaths] | None:
+        """V1: (sampled token ids [R, max_spec_len + 1] (vLLM's sampler contract), accepted
+        paths) of a tree step, or None when this step has no plan (vLLM's own sampler
+        runs). ``as_target_only(logits, plan)``: the logits rows with the sampling
+        parameters target-only applies before temperature, top-k and top-p."""
 
         def choose(plan: VerifyPlan) -> torch.Tensor:
             rows = logits if as_target_only is None else as_target_only(logits, plan)
             return self.verifier.target_choice(rows, plan, sampling)
 
-        accepted = self.accept_with(choose, max_spec_len + 1)
-        return None if accepted is None else accepted[0]
+        return self.accept_with(choose, max_spec_len + 1)
 
     def accept_with(self, choose: Callable[[VerifyPlan], torch.Tensor], columns: int
                     ) -> tuple[torch.Tensor, AcceptedPaths] | None:

@@ -279,18 +279,20 @@ def verifies_as_chain(sampling_params) -> bool:
                 or getattr(sp, "thinking_token_budget", None))
 
 
-def verifies_as_chain_on_v1(sampling_params) -> bool:
-    """V1: :func:`verifies_as_chain`, or sampling V1's tree rows do not get (min_tokens,
-    logprobs): vLLM's rejection sampler verifies such a request's chain. Allowed token ids,
-    logit bias, penalties and min p are applied to tree rows
+def verifies_as_chain_on_v1(sampling_params, processed_logprobs: bool = False) -> bool:
+    """V1: :func:`verifies_as_chain`, or logprobs in an engine whose logprobs mode is a
+    processed one (``processed_logprobs``: V1's tree verifier keeps only the raw logits
+    rows; vLLM's rejection sampler gives such a chain's logprobs). Allowed token ids, logit
+    bias, min_tokens, penalties, min p and raw logprobs are applied to tree rows
     (``integration/v1/sampling.py``)."""
     sp = sampling_params
-    return verifies_as_chain(sp) or (sp is not None and bool(
-        sp.min_tokens or sp.logprobs is not None))
+    return verifies_as_chain(sp) or (processed_logprobs and sp is not None
+                                     and sp.logprobs is not None)
 
 
-def chain_requests_on_v1(requests: Mapping[str, Any], req_ids: Iterable[str]) -> list[bool]:
+def chain_requests_on_v1(requests: Mapping[str, Any], req_ids: Iterable[str],
+                         processed_logprobs: bool = False) -> list[bool]:
     """:func:`verifies_as_chain_on_v1` of each request ``req_ids[i]`` (``requests`` holding
     each request's state, with its ``sampling_params``, by id)."""
-    return [verifies_as_chain_on_v1(getattr(requests.get(r), "sampling_params", None))
-            for r in req_ids]
+    return [verifies_as_chain_on_v1(getattr(requests.get(r), "sampling_params", None),
+                                    processed_logprobs) for r in req_ids]

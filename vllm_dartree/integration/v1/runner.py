@@ -19,7 +19,11 @@ from vllm_dartree.config import DARTreeConfigError
 from vllm_dartree.integration.patching import ModuleGlobalSwap, Runner, VllmPatch
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
 from vllm_dartree.integration.touchpoints import V1_RELEASES
-from vllm_dartree.integration.v1.sampling import tree_rows_as_target_only
+from vllm_dartree.integration.v1.sampling import (
+    rows_of_requests,
+    tree_logprobs,
+    tree_rows_as_target_only,
+)
 from vllm_dartree.step.drafting import dartree_settings
 from vllm_dartree.step.kv_mover import KvMover, LayerKv, target_layers_kv
 from vllm_dartree.step.tree_step import STEP_ATTR, TreeStep
@@ -107,7 +111,8 @@ class VerifyLayout(V1RunnerPatch):
             if step is not None:
                 spec = result[1]  # SpecDecodeMetadata, None for a step without drafts
                 req_ids = list(self.input_batch.req_ids)
-                chains = chain_requests_on_v1(self.requests, req_ids)
+                chains = chain_requests_on_v1(
+                    self.requests, req_ids, self.sampler.logprobs_mode.startswith("processed"))
                 step.plan(req_ids, None if spec is None else list(spec.num_draft_tokens),
                           num_scheduled_tokens, scheduler_output.scheduled_spec_decode_tokens,
                           chain_rows=chains, verify_as_chain=all(chains))
@@ -169,23 +174,25 @@ class TreeSampler(V1RunnerPatch):
             if not step.has_plan():  # a step vLLM verifies itself
                 return original(self, logits, spec_decode_metadata)
             chains = [i for i, chain in enumerate(step.chain_rows) if chain]
-            # Requests verified as chains of their own (bad words, a grammar, min_tokens,
-            # logprobs) go through vLLM's rejection sampler; it runs over the whole batch,
+            # Requests verified as chains of their own (bad words, a grammar, a thinking
+            # budget) go through vLLM's rejection sampler; it runs over the whole batch,
             # whose other rows are dropped. The tree rows get allowed ids, logit bias,
-            # penalties and min p here.
+            # min_tokens, penalties and min p here, and logprobs from their nodes' rows.
             by_vllm = original(self, logits, spec_decode_metadata) if chains else None
             self.input_batch.update_async_output_token_ids()
             sampling = self.input_batch.sampling_metadata
-            sampled = step.accept(
+            sampled, paths = step.accept(
                 logits, sampling, spec_decode_metadata.max_spec_len,
                 lambda rows, plan: tree_rows_as_target_only(
                     rows, sampling, spec_decode_metadata.num_draft_tokens, plan))
+            logprobs = tree_logprobs(self.sampler, logits, sampling.max_num_logprobs,
+                                     sampled, paths)
             if by_vllm is None:
-                return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
+                return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs)
             rows = torch.tensor(chains, device=sampled.device)
             sampled[rows] = by_vllm.sampled_token_ids[rows].to(sampled.dtype)
-            return SamplerOutput(sampled_token_ids=sampled,
-                                 logprobs_tensors=by_vllm.logprobs_tensors)
+            return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=rows_of_requests(
+                logprobs, by_vllm.logprobs_tensors, chains, sampled.shape[1]))
 
         return _sample
 

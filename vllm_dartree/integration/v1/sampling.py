@@ -3,8 +3,9 @@
 vLLM's V1 runner builds only the min_tokens processor for a speculative engine; a dartree
 engine gets vLLM's built-in ones (:class:`BuiltinLogitsProcessors`: the bonus rows and steps
 without drafts then apply logit bias and min p). Tree rows get allowed token ids, logit
-bias, penalties (each row counting its tree path) and min p from
-:func:`tree_rows_as_target_only` before the tree verifier chooses; the draft rows of
+bias, min_tokens (by the row's depth), penalties (each row counting its tree path) and min p
+from :func:`tree_rows_as_target_only` before the tree verifier chooses, and the sampled
+tokens' logprobs come from their nodes' rows (:func:`tree_logprobs`); the draft rows of
 chain-verified requests get logit bias and min p inside vLLM's rejection sampler
 (:class:`ChainRowsLogitBiasAndMinP`), which applies the rest."""
 
@@ -18,7 +19,12 @@ import torch
 from vllm_dartree.integration.patching import Runner, VllmPatch
 from vllm_dartree.integration.touchpoints import V1_RELEASES
 from vllm_dartree.step.drafting import dartree_settings
-from vllm_dartree.step.verify_plan import VerifyPlan, path_tokens
+from vllm_dartree.step.verify_plan import (
+    AcceptedPaths,
+    VerifyPlan,
+    accepted_row_order,
+    path_tokens,
+)
 from vllm_dartree.tree import GREEDY_TEMPERATURE
 
 
@@ -143,33 +149,111 @@ def add_penalties_on_paths(logits: torch.Tensor, sampling_metadata, request: np.
                     sampling_metadata.repetition_penalties[rows])
 
 
+def short_of_min_tokens(sampling_metadata) -> dict[int, tuple] | None:
+    """vLLM's ``MinTokensLogitsProcessor.min_toks`` of the batch ({batch index: (min_tokens,
+    output so far, stop token ids, has a grammar)}, the requests still short of their
+    min_tokens), None when there are none."""
+    from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
+
+    processor = next((p for p in sampling_metadata.logitsprocs.non_argmax_invariant
+                      if isinstance(p, MinTokensLogitsProcessor)), None)
+    return None if processor is None or not processor.min_toks else processor.min_toks
+
+
+def mask_stop_before_min_tokens(logits: torch.Tensor, short: dict[int, tuple],
+                                rows_per_request: list[int], depth: torch.Tensor) -> None:
+    """Set each stop token of a request short of its min_tokens (``short``:
+    :func:`short_of_min_tokens`) to -inf, in place, at the rows where it is still short: a
+    row at tree depth ``depth[i]`` follows the request's output so far plus ``depth[i]``
+    drafted tokens (vLLM's ``MinTokensLogitsProcessor`` at that row's length). Requests
+    with a grammar verify as chains, so its restore rule for them does not arise here."""
+    starts = np.cumsum([0, *rows_per_request])
+    rows, tokens, short_by = [], [], []
+    for req, (min_tokens, outputs, stops, _) in short.items():
+        n = rows_per_request[req] if req < len(rows_per_request) else 0
+        if n == 0 or not stops:
+            continue
+        rows.append(np.repeat(np.arange(starts[req], starts[req] + n), len(stops)))
+        tokens.append(np.tile(np.fromiter(stops, np.int64), n))
+        short_by.append(np.full(n * len(stops), min_tokens - len(outputs)))
+    if not rows:
+        return
+    row, token, remaining = (torch.from_numpy(np.concatenate(a)).to(logits.device)
+                             for a in (rows, tokens, short_by))
+    index = (row, token)
+    logits[index] = torch.where(depth[row] < remaining, float("-inf"), logits[index])
+
+
 def tree_rows_as_target_only(logits: torch.Tensor, sampling_metadata,
                              num_draft_tokens: list[int], plan: VerifyPlan) -> torch.Tensor:
     """The step's logits rows (request r's ``num_draft_tokens[r] + 1`` rows one after another)
-    with each request's allowed token ids, logit bias, penalties and min p applied in
-    target-only's order (mask, bias, penalties over the output so far plus the row's tree
-    path, then min p at the row's temperature; the tree verifier then applies temperature,
-    top-k and top-p), in float32 as vLLM's sampler works; ``logits`` itself unchanged. The
-    other parameters' requests verify as chains (``verify_plan``)."""
+    with each request's allowed token ids, logit bias, min_tokens, penalties and min p
+    applied in target-only's order (mask, bias and min_tokens by the row's depth, penalties
+    over the output so far plus the row's tree path, then min p at the row's temperature;
+    the tree verifier then applies temperature, top-k and top-p), in float32 as vLLM's
+    sampler works; ``logits`` itself unchanged. The other parameters' requests verify as
+    chains (``verify_plan``)."""
     allowed = sampling_metadata.allowed_token_ids_mask
     biases, min_p = biases_and_min_p(sampling_metadata)
     penalties = not sampling_metadata.no_penalties
-    if allowed is None and biases is None and min_p is None and not penalties:
+    short = short_of_min_tokens(sampling_metadata)
+    if allowed is None and biases is None and min_p is None and not penalties and not short:
         return logits
     rows_per_request = [n + 1 for n in num_draft_tokens]
     request = row_requests(rows_per_request)
     logits = logits.to(torch.float32, copy=True)
+    paths = path_tokens(plan, logits.shape[1]) if penalties or short else None
     if allowed is not None:
         logits.masked_fill_(allowed[torch.from_numpy(request).to(logits.device)],
                             float("-inf"))
     if biases is not None:
         add_logit_bias(logits, biases, rows_per_request)
+    if short:
+        mask_stop_before_min_tokens(logits, short, rows_per_request,
+                                    (paths < logits.shape[1]).sum(dim=1))
     if penalties:
-        add_penalties_on_paths(logits, sampling_metadata, request,
-                               path_tokens(plan, logits.shape[1]))
+        add_penalties_on_paths(logits, sampling_metadata, request, paths)
     if min_p is not None:
         apply_min_p(logits, min_p, sampling_metadata, request)
     return logits
+
+
+def tree_logprobs(sampler, logits: torch.Tensor, num_logprobs: int | None,
+                  sampled: torch.Tensor, paths: AcceptedPaths):
+    """vLLM's logprobs tensors of a tree step's sampled tokens ([R, columns], -1 padded),
+    each from the raw logits row of the node it was drawn at, laid out as V1's rejection
+    sampler lays them out (request r's j-th token at logits row ``first_logit_row[r] + j``,
+    clamped; placeholders as token 0, dropped by vLLM's ``parse_output``); None when no
+    request asks for logprobs. Raw modes only: a processed mode's requests verify as
+    chains (``verify_plan.verifies_as_chain_on_v1``)."""
+    if num_logprobs is None:
+        return None
+    plan = paths.plan
+    order = accepted_row_order(paths, plan.num_logit_rows, plan.node_logit_rows[:, 0])
+    columns = torch.arange(sampled.shape[1], device=sampled.device)
+    rows = (plan.first_logit_row.unsqueeze(1) + columns).flatten()
+    path_logits = logits[order[rows.clamp(max=plan.num_logit_rows - 1)]].to(torch.float32)
+    logprobs = (path_logits if sampler.logprobs_mode == "raw_logits"
+                else sampler.compute_logprobs(path_logits))
+    return sampler.gather_logprobs(logprobs, num_logprobs,
+                                   sampled.flatten().clamp(min=0).to(torch.int64))
+
+
+def rows_of_requests(tensors, others, requests: list[int], columns: int):
+    """``tensors`` (vLLM's ``LogprobsTensors``, ``columns`` rows per request) with the rows of
+    batch indices ``requests`` taken from ``others``: the chain requests' logprobs from
+    vLLM's rejection sampler, the tree requests' from :func:`tree_logprobs`."""
+    if tensors is None or others is None:
+        return tensors if others is None else others
+    rows = (torch.tensor(requests, device=tensors.logprobs.device).unsqueeze(1) * columns
+            + torch.arange(columns, device=tensors.logprobs.device)).flatten()
+    fields = []
+    for mine, theirs in zip(tensors[:3], others[:3]):
+        merged = mine.clone()
+        merged[rows] = theirs[rows].to(mine.dtype)
+        fields.append(merged)
+    return tensors._replace(logprob_token_ids=fields[0], logprobs=fields[1],
+                            selected_token_ranks=fields[2])
 
 
 class ChainRowsLogitBiasAndMinP(VllmPatch):
