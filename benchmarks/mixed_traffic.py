@@ -1,5 +1,5 @@
-"""Mixed serving traffic on a dartree engine: acceptance and throughput when some requests'
-sampling reads the drafted prefix, against a batch of plain requests.
+"""Mixed serving traffic on a dartree engine: acceptance and throughput when requests carry
+penalties, allowed token ids or logprobs, against a batch of plain requests.
 
     .venv/bin/python benchmarks/mixed_traffic.py [--out FILE]
 
@@ -10,8 +10,8 @@ tokenizer, so allowed token ids stand in for a grammar's constraint) and ``mixed
 same over two LoRA adapters and base requests). For each: target-only and dartree (CPU
 defaults) tokens per second, the mean tokens per verify step over the batch and over its
 plain requests (from the tree verifier's accepted paths), and whether every request's tokens
-equal target-only's. Run it at a commit before per-request chains for "the batch-wide
-fallback" column. Wall times come from this 2-core CPU with vLLM's V1 runner: compare within
+equal target-only's, and each kind's tokens per tree step. Run it at a commit before
+per-request chains for "the batch-wide fallback" column. Wall times come from this 2-core CPU with vLLM's V1 runner: compare within
 one run only.
 """
 
@@ -122,6 +122,12 @@ def main() -> None:
             "dartree_tok_s": NUM_REQUESTS * MAX_TOKENS / tree["seconds"],
             "tokens_per_step": tree["tokens_per_step"],
             "plain_tokens_per_step": mean_per_step(plain),
+            # Each kind's requests (by index; in the plain mix the same requests without
+            # their parameter), from the tree verifier's steps
+            "tokens_per_step_by_kind": {
+                kind: round(mean_per_step([s for i, s in enumerate(tree["steps"])
+                                           if request_kind(i) == kind]), 3)
+                for kind in ("penalties", "allowed", "logprobs", "plain")},
             "equal_to_target_only": tree["tokens"] == base["tokens"],
         })
     print("| mix | target-only tok/s | dartree tok/s | speed-up | tokens/step (batch) | "
@@ -132,6 +138,8 @@ def main() -> None:
               f"{r['dartree_tok_s'] / r['target_only_tok_s']:.2f}x | "
               f"{r['tokens_per_step']:.2f} | {r['plain_tokens_per_step']:.2f} | "
               f"{r['equal_to_target_only']} |")
+    for r in rows:
+        print(f"{r['mix']}: tokens/step by kind {r['tokens_per_step_by_kind']}")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2) + "\n")
 
