@@ -266,6 +266,12 @@ def carried_settings(speculative_config: Any) -> DARTreeConfig | None:
     return getattr(speculative_config, _SETTINGS_ATTR, None)
 
 
+def is_dartree_engine(vllm_config: Any) -> bool:
+    """Whether ``vllm_config`` (vLLM's ``VllmConfig``) is a dartree engine's: the one test
+    every patch uses before acting."""
+    return carried_settings(getattr(vllm_config, "speculative_config", None)) is not None
+
+
 def carried_layout(speculative_config: Any) -> DrafterLayout | None:
     """The drafter layout :func:`carry_settings` attached (None: not a dartree engine)."""
     return getattr(speculative_config, _LAYOUT_ATTR, None)

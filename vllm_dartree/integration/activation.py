@@ -164,9 +164,9 @@ class V2SpeculatorChoice(VllmPatch):
     def replacement(cls, original):
         @functools.wraps(original)
         def init_speculator(vllm_config, device, *args, **kwargs):
-            from vllm_dartree.step.drafting import dartree_settings
+            from vllm_dartree.config import is_dartree_engine
 
-            if dartree_settings(vllm_config) is None:
+            if not is_dartree_engine(vllm_config):
                 return original(vllm_config, device, *args, **kwargs)
             from vllm_dartree.integration.v2.speculator import DARTreeSpeculator
 

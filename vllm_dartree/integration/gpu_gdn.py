@@ -149,9 +149,9 @@ class NoFusedChainKernel(VllmPatch):
         @functools.wraps(original)
         def __init__(self, config, vllm_config, *args, **kwargs):
             original(self, config, vllm_config, *args, **kwargs)
-            from vllm_dartree.step.drafting import dartree_settings
+            from vllm_dartree.config import carried_settings
 
-            settings = dartree_settings(vllm_config)
+            settings = carried_settings(vllm_config.speculative_config)
             if (settings is not None and settings.tree != "chain"
                     and self.enable_fused_gdn_spec_decode):
                 self.enable_fused_gdn_spec_decode = False

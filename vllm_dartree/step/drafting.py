@@ -43,10 +43,6 @@ from vllm_dartree.tree.graphs import CorrectionGraphs, bucket_size
 from vllm_dartree.tree.lattice import Lattice
 
 
-def dartree_settings(vllm_config) -> DARTreeConfig | None:
-    return carried_settings(getattr(vllm_config, "speculative_config", None))
-
-
 class PendingContext:
     """Context the drafter's cache is owed: the target states, positions and cache slots of
     the tokens committed by steps that did not draft, in step order.
@@ -111,7 +107,7 @@ class TreeDrafting:
                            same_on_every_rank: Callable[[bool], bool]) -> None:
         self.same_on_every_rank = same_on_every_rank
         self.tree_step: TreeStep | None = None  # the engine's step, set by the adapter
-        self.settings: DARTreeConfig = dartree_settings(vllm_config)
+        self.settings: DARTreeConfig = carried_settings(vllm_config.speculative_config)
         # Read and checked at config time (activation.check_drafter).
         self.layout: DrafterLayout = carried_layout(vllm_config.speculative_config)
         corrects = self.layout.has_head or self.layout.has_lattice

@@ -75,7 +75,7 @@ class TreeStep:
         self.budget_policy = budget_policy
         self._last_plan: tuple[float, int, int, int] | None = None  # time, shape of the step
         self._proposed_in: int | None = None  # step of the proposal this step verifies
-        self.step = 0  # steps planned so far
+        self.step_index = 0  # steps planned so far
         self._proposal: Proposal | None = None  # trees for the next step's verify
         self._plan: VerifyPlan | None = None  # this step's verify layout
         self._kv_caches: Any = None  # the target layers' KV of this step's forward
@@ -101,17 +101,17 @@ class TreeStep:
         self.chain_rows = list(chain_rows or [False] * len(req_ids))
         self._time_previous_step(len(req_ids), int(np.sum(num_scheduled[: len(req_ids)])),
                                  0 if num_drafts is None else int(sum(num_drafts)))
-        self.step += 1
+        self.step_index += 1
         proposal, self._proposal = self._proposal, None
         self._plan = self._kv_caches = self._accepted = None
         if self.budget_policy is not None:  # no drafts scheduled: none were given
             self.budget_policy.observe_scheduled(num_drafts or [])
         if num_drafts is None or verify_as_chain or not any(num_drafts):
             return None  # vLLM verifies it (a step without drafts: plain decoding)
-        if proposal is not None and proposal.step != self.step - 1:
+        if proposal is not None and proposal.step_index != self.step_index - 1:
             proposal = None  # proposed for a step that was never verified
-        self._proposed_in = None if proposal is None else proposal.step
-        self._plan = build_plan(self.step, req_ids[: len(num_drafts)], num_drafts,
+        self._proposed_in = None if proposal is None else proposal.step_index
+        self._plan = build_plan(self.step_index, req_ids[: len(num_drafts)], num_drafts,
                                 num_scheduled, proposal, chain_drafts, self.budget,
                                 self.device, chain_rows)
         return self._plan
@@ -202,7 +202,7 @@ class TreeStep:
             choice = choose(plan)
         sampled, self._accepted = self.verifier.accept(
             plan, choice, columns, lambda paths: self.move_kv(paths, kv_caches))
-        if self.budget_policy is not None and plan.step - 1 == self._proposed_in:
+        if self.budget_policy is not None and plan.step_index - 1 == self._proposed_in:
             self.budget_policy.observe_acceptance(plan.tree, self._accepted.num_accepted)
         return sampled, self._accepted
 
@@ -223,5 +223,5 @@ class TreeStep:
     def hand_over(self, req_ids: list[str], tree: DraftTree, chains: bool = False) -> None:
         """The drafter's trees (row r for ``req_ids[r]``; ``chains``: all of them chains),
         verified by the next step."""
-        self._proposal = Proposal(self.step, {r: i for i, r in enumerate(req_ids)}, tree,
+        self._proposal = Proposal(self.step_index, {r: i for i, r in enumerate(req_ids)}, tree,
                                   chains)

@@ -36,9 +36,10 @@ from vllm_dartree.tree import (
 
 @dataclass
 class Proposal:
-    """The trees the drafter proposed in step ``step`` for the requests' next verify."""
+    """The trees the drafter proposed in step ``step_index`` for the requests' next
+    verify."""
 
-    step: int
+    step_index: int
     row_of_request: dict[str, int]  # req_id -> row of ``tree``
     tree: DraftTree  # [R, B]
     chains: bool = False  # every tree is a chain (node j's parent is node j - 1)
@@ -48,7 +49,7 @@ class Proposal:
 class VerifyPlan:
     """Where the T requests verified with drafts this step sit (batch order)."""
 
-    step: int
+    step_index: int
     req_ids: list[str]  # [T] host
     num_logit_rows: int  # host: rows of the step's logits (sum over requests of n + 1)
     num_verify_rows: int  # host: token rows of the T verified requests (sum of n + 1)
@@ -84,7 +85,7 @@ class AcceptedPaths:
     num_accepted: torch.Tensor  # [T] path length including the root
 
 
-def build_plan(step: int, req_ids: list[str], num_drafts: list[int],
+def build_plan(step_index: int, req_ids: list[str], num_drafts: list[int],
                num_scheduled: np.ndarray, proposal: Proposal | None,
                chain_drafts: dict[str, list[int]], budget: int, device: torch.device,
                chain_rows: list[bool] | None = None) -> VerifyPlan | None:
@@ -125,7 +126,7 @@ def build_plan(step: int, req_ids: list[str], num_drafts: list[int],
     # Requests the proposal has no tree for verify as chains.
     chains = proposal is None or proposal.chains
     return VerifyPlan(
-        step=step, req_ids=ids, num_logit_rows=int(drafts.sum() + drafts.size),
+        step_index=step_index, req_ids=ids, num_logit_rows=int(drafts.sum() + drafts.size),
         num_verify_rows=int(n.sum() + n.size),
         logit_starts=logit_starts.tolist(), **dev,
         node_in_batch=torch.arange(budget, device=device) < dev["num_drafts"].unsqueeze(1),

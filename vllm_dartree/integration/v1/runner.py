@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 
-from vllm_dartree.config import DARTreeConfigError
+from vllm_dartree.config import DARTreeConfigError, is_dartree_engine
 from vllm_dartree.integration.patching import ModuleGlobalSwap, Runner, VllmPatch
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
 from vllm_dartree.integration.touchpoints import V1_RELEASES
@@ -24,7 +24,6 @@ from vllm_dartree.integration.v1.sampling import (
     tree_logprobs,
     tree_rows_as_target_only,
 )
-from vllm_dartree.step.drafting import dartree_settings
 from vllm_dartree.step.kv_mover import KvMover, LayerKv, target_layers_kv
 from vllm_dartree.step.tree_step import STEP_ATTR, TreeStep
 from vllm_dartree.step.verifier import TreeVerifier
@@ -66,7 +65,7 @@ class ProposerSwap(V1RunnerPatch):
 
         @functools.wraps(original)
         def __init__(self, vllm_config, *args, **kwargs):
-            if dartree_settings(vllm_config) is None:
+            if not is_dartree_engine(vllm_config):
                 return original(self, vllm_config, *args, **kwargs)
             refuse_v2_only_target(vllm_config.model_config)
             with DFlashProposerGlobal.swapped(DARTreeProposer):

@@ -16,9 +16,9 @@ import functools
 import numpy as np
 import torch
 
+from vllm_dartree.config import is_dartree_engine
 from vllm_dartree.integration.patching import Runner, VllmPatch
 from vllm_dartree.integration.touchpoints import V1_RELEASES
-from vllm_dartree.step.drafting import dartree_settings
 from vllm_dartree.step.verify_plan import (
     AcceptedPaths,
     VerifyPlan,
@@ -50,7 +50,7 @@ class BuiltinLogitsProcessors(VllmPatch):
         def build_logitsprocs(vllm_config, device, is_pin_memory, is_pooling_model,
                               custom_logitsprocs=()):
             if (is_pooling_model or custom_logitsprocs
-                    or dartree_settings(vllm_config) is None):
+                    or not is_dartree_engine(vllm_config)):
                 return original(vllm_config, device, is_pin_memory, is_pooling_model,
                                 custom_logitsprocs)
             return LogitsProcessors(ctor(vllm_config, device, is_pin_memory)

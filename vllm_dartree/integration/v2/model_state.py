@@ -47,7 +47,7 @@ class DARTreeModelState:
 
     def __init__(self, vllm_config, model, encoder_cache, device) -> None:
         super().__init__(vllm_config, model, encoder_cache, device)
-        self.step: TreeStep = getattr(model, STEP_ATTR)
+        self.tree_step: TreeStep = getattr(model, STEP_ATTR)
         self.vllm_config = vllm_config
         max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
         self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
@@ -66,13 +66,13 @@ class DARTreeModelState:
         num_reqs = input_batch.num_reqs
         drafts = input_batch.num_draft_tokens_per_req
         chains = self.chain_request[input_batch.idx_mapping_np[:num_reqs]].tolist()
-        self.step.plan(list(input_batch.req_ids[:num_reqs]),
+        self.tree_step.plan(list(input_batch.req_ids[:num_reqs]),
                        None if drafts is None else drafts[:num_reqs].tolist(),
                        input_batch.num_scheduled_tokens[:num_reqs],
                        DraftsInBatch(input_batch), verify_as_chain=False, chain_rows=chains)
         # The drafter builds its own metadata; its layers are marked ``is_draft_layer``.
         layers = self.vllm_config.compilation_config.static_forward_context
-        self.plan = self.step.verify_forward(lambda: target_layers_kv(metadata, layers))
+        self.plan = self.tree_step.verify_forward(lambda: target_layers_kv(metadata, layers))
         recurrent = gdn_rows.gdn_layers(metadata, layers)
         self.recurrent_layers = recurrent if self.plan else []
         # Also without a plan (None): a backend may hand out the same metadata object again.
@@ -92,7 +92,7 @@ class DARTreeModelState:
         # 1-D depth positions: the target's (without M-RoPE) and the tree sampler's.
         positions = write_depth_positions(self.positions, input_batch.positions[:count],
                                           self.plan)
-        self.step.forward_begins()  # vLLM runs the target forward next
+        self.tree_step.forward_begins()  # vLLM runs the target forward next
         if "positions" in inputs:  # M-RoPE: [axes, count], vLLM's own persistent buffer
             set_depth_positions(inputs["positions"], self.plan)
             return inputs

@@ -47,7 +47,7 @@ class TreeRejectionSampler:
             processed.append(processed_logits)
             return tokens
 
-        accepted = self.model_state.step.accept_with(
+        accepted = self.model_state.tree_step.accept_with(
             choose, columns=self.chain_sampler.num_speculative_steps + 1)
         if accepted is None:  # drafts are tokens only: verified as vLLM verifies greedy drafts
             return self.chain_sampler(logits, input_batch, None, *args, **kwargs)

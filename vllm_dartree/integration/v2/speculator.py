@@ -30,14 +30,14 @@ from vllm.v1.worker.gpu.spec_decode.dflash2.speculator import DFlash2Speculator
 from vllm.v1.worker.gpu.spec_decode.lilicorr.speculator import LiLiCorrSpeculator
 
 from vllm_dartree.checkpoint import DFLASH2, LILICORR
-from vllm_dartree.config import DARTreeConfigError, carried_layout
+from vllm_dartree.config import DARTreeConfigError, carried_layout, carried_settings
 from vllm_dartree.integration.lora import use_base_layers
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
 from vllm_dartree.integration.tensor_parallel import same_on_every_rank
 from vllm_dartree.integration.v2.draft_counts import COUNTS_ATTR
 from vllm_dartree.integration.v2.lattice import LatticeDrafting
 from vllm_dartree.integration.v2.model_state import STEP_ATTR, on_top_of
-from vllm_dartree.step.drafting import TreeDrafting, dartree_settings
+from vllm_dartree.step.drafting import TreeDrafting
 from vllm_dartree.step.kv_mover import KvMover
 from vllm_dartree.step.profile import StepProfile
 from vllm_dartree.step.tree_step import TreeStep
@@ -199,7 +199,7 @@ def install_model_state(vllm_config, target_model: torch.nn.Module, step: TreeSt
 def require_validated_settings(vllm_config) -> None:
     """A dartree speculator only from settings the plugin validated (refused otherwise, when
     vLLM builds the speculator)."""
-    settings = dartree_settings(vllm_config)
+    settings = carried_settings(vllm_config.speculative_config)
     if settings is None:
         raise DARTreeConfigError(
             "speculative method 'dartree' reached vLLM without its validated settings: build "
