@@ -10,7 +10,8 @@ device in one transfer. Everything after that (:func:`depth_position_values`,
 sync: padded columns are written with values that make their duplicate writes identical,
 or sent to a scratch row, instead of being selected with boolean masks.
 
-No vLLM import: ``runner.py`` translates vLLM's objects into these arguments.
+No vLLM import: each runner's glue (V1: ``integration/v1/runner.py``; V2:
+``integration/v2/model_state.py``) translates vLLM's objects into these arguments.
 """
 
 from __future__ import annotations
