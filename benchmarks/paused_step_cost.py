@@ -1,10 +1,10 @@
-"""What a dartree step costs when the adaptive budget does not draft, next to AR's step.
+"""What a dartree step costs when adaptive verification does not draft, next to AR's step.
 
-The adaptive budget's floor: where trees do not pay, a dartree engine decodes plainly, and
+Adaptive verification's floor: where trees do not pay, a dartree engine decodes plainly, and
 any time its steps take beyond AR's is lost for good. Both engines are built in this one
 process (SmolLM2 pair, float32, in-process) and measured in turn, round by round, on the
 same prompts, so the machine's drift cancels in each round's ratio. Drafting is switched off
-for the whole run (``AdaptiveBudget.should_draft``), and the dartree engine runs twice per
+for the whole run (``AdaptiveVerification.should_draft``), and the dartree engine runs twice per
 round: holding the drafter's context until drafting resumes (the product), and writing it
 at every step (``PendingContext.limit = 1``, what a paused step did before).
 
@@ -59,11 +59,11 @@ def main() -> None:
     prepare_process()
     import torch
 
-    from vllm_dartree.tree.budget import AdaptiveBudget
+    from vllm_dartree.tree.adaptive import AdaptiveVerification
 
     torch.set_num_threads(2)
     os.environ["OMP_NUM_THREADS"] = "2"
-    AdaptiveBudget.should_draft = lambda self, requests: False  # paused throughout
+    AdaptiveVerification.should_draft = lambda self, requests: False  # paused throughout
     common = {"model": str(default_target()), "max_model_len": 640,
               "max_num_seqs": args.concurrency, "kv_cache_memory_bytes": 256 << 20,
               # As in the serving bench: each round re-sends its prompts' ids pattern, and

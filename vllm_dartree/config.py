@@ -8,10 +8,10 @@ Users pass it as vLLM's speculative config::
 
 ``budget_policy: "adaptive"`` makes ``num_speculative_tokens`` an upper bound per request:
 each step verifies only the nodes a cost model says pay for themselves, down to none
-(``vllm_dartree.tree.budget``). It needs vLLM's synchronous scheduler (variable draft
+(``vllm_dartree.tree.adaptive``). It needs vLLM's synchronous scheduler (variable draft
 counts per request); an engine left to choose gets it, ``async_scheduling=True`` is refused.
 With it, ``width: "auto"`` lets the policy narrow the pruned tree each step to the nodes its
-requests were given (``tree.budget.AutoWidth``), up to the width that would apply otherwise.
+requests were given (``tree.adaptive.AutoWidth``), up to the width that would apply otherwise.
 
 Validation runs before any model is loaded. Every error names the key, the value given and
 what is allowed. Settings that need the drafter checkpoint (vocabulary size, whether it has
@@ -94,6 +94,8 @@ class DARTreeConfig(BaseModel):
     top_k: int = 64
     depth_bonus: float = -0.2
     correction: bool | None = None
+    # The user-facing key keeps its name (and the metrics their ``vllm_dartree:budget_*``
+    # names): "adaptive" is the policy the code calls adaptive verification (tree/adaptive/).
     budget_policy: BudgetPolicy = "fixed"
     vllm_options: dict[str, Any] = {}
     _machine_defaults: frozenset[str] = PrivateAttr(default=frozenset())
@@ -164,7 +166,7 @@ class DARTreeConfig(BaseModel):
         if self.auto_width and self.budget_policy != "adaptive":
             raise ValueError(
                 "'width' = 'auto' needs 'budget_policy' = 'adaptive' (the width follows the "
-                "nodes the adaptive budget gives each request); with 'budget_policy' = "
+                "nodes adaptive verification gives each request); with 'budget_policy' = "
                 f"{self.budget_policy!r} give 'width' as an integer"
             )
         budget = self.num_speculative_tokens

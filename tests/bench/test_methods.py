@@ -111,7 +111,7 @@ def test_a_sized_method_carries_its_own_budget_and_width(tiny_domino):
         canonical("pruned:big")
 
 
-def test_the_adaptive_method_is_pruned_with_the_adaptive_budget(tiny_domino):
+def test_the_adaptive_method_is_pruned_with_the_adaptive_verification(tiny_domino):
     spec = speculative_config("adaptive:b32", tiny_domino, PARAMS)
     assert spec == speculative_config("pruned:b32", tiny_domino, PARAMS) | {
         "budget_policy": "adaptive"}

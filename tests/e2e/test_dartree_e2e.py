@@ -68,7 +68,7 @@ DSPARK_VARIANTS = [
     ("chain", "tiny_dspark", {"tree": "chain", "num_speculative_tokens": 7}),
     ("fixed", "tiny_dspark", {"tree": "fixed", "num_speculative_tokens": 24, "top_k": 16}),
     ("pruned-reduced-vocab", "tiny_dspark_reduced", {}),
-    # The adaptive budget reads the confidence head's chain survival.
+    # Adaptive verification reads the confidence head's chain survival.
     ("adaptive-confidence", "tiny_dspark", {"budget_policy": "adaptive",
                                             "num_speculative_tokens": 24, "width": 6,
                                             "top_k": 16}),
@@ -217,7 +217,7 @@ def test_an_auto_width_stays_within_its_bounds_and_lossless(engines, tiny_target
                                                             baseline):
     """``width: "auto"``: every drafted step's pruned tree is between ceil(B / D) and the
     default width wide (the CPU's here), read off the width histogram the budget exports;
-    output stays target-only decoding's. (How the width follows the counts: test_budget.)"""
+    output stays target-only decoding's. (How the width follows the counts: test_adaptive.)"""
     from prometheus_client import REGISTRY
 
     from vllm_dartree.config import parse_speculative_config
@@ -238,16 +238,16 @@ def test_an_auto_width_stays_within_its_bounds_and_lossless(engines, tiny_target
     assert narrowest * steps <= total <= widest * steps
 
 
-def test_the_adaptive_budget_is_lossless_through_every_kind_of_step(engines, tiny_target,
+def test_the_adaptive_verification_is_lossless_through_every_kind_of_step(engines, tiny_target,
                                                                      tiny_domino, baseline):
     """Its start-up probes alone give steps with the whole tree, with part of it, with no
     node for any request, and without drafting; output stays target-only decoding's."""
-    from vllm_dartree.step.budget_report import BudgetReport
+    from vllm_dartree.step.policy_report import PolicyReport
 
     llm = engines.get(model=str(tiny_target), speculative_config=dartree(tiny_domino, **ADAPTIVE),
                       **BATCH)
     steps: list[list[int] | None] = []
-    with BudgetReport.observing(steps.append):
+    with PolicyReport.observing(steps.append):
         assert generate_ids(llm, PROMPTS, params()) == baseline
     drafted = [counts for counts in steps if counts is not None]
     assert None in steps  # a step that did not draft

@@ -1,4 +1,4 @@
-"""Context held while the adaptive budget pauses drafting (``drafting.PendingContext``):
+"""Context held while adaptive verification pauses drafting (``drafting.PendingContext``):
 written late, the drafter's cache ends up as if every step had written its own context."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from vllm_dartree.harness.engine import drafter_of, generate_ids
 from vllm_dartree.models.tiny import TargetSpec, random_prompts
-from vllm_dartree.tree.budget import AdaptiveBudget
+from vllm_dartree.tree.adaptive import AdaptiveVerification
 
 pytestmark = pytest.mark.e2e
 
@@ -63,7 +63,7 @@ def run_without_drafting(engines, tiny_target, tiny_domino, hold_limit: int, max
 
 def test_held_context_is_written_as_each_step_would_have(engines, tiny_target, tiny_domino,
                                                         monkeypatch):
-    monkeypatch.setattr(AdaptiveBudget, "should_draft", lambda self, requests: False)
+    monkeypatch.setattr(AdaptiveVerification, "should_draft", lambda self, requests: False)
     max_tokens = 30
     every_step, every_step_caches, every_step_writes = run_without_drafting(
         engines, tiny_target, tiny_domino, hold_limit=1, max_tokens=max_tokens)

@@ -53,7 +53,7 @@ def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("budget_policy", ["fixed", "adaptive"])
 def test_sampled_tokens_follow_the_target(engines, budget_policy):
-    """Also with the adaptive budget, whose node counts (so which rows draw from a request's
+    """Also with adaptive verification, whose node counts (so which rows draw from a request's
     generator) follow the clock: seeded outputs need not repeat, the distribution must."""
     from vllm import SamplingParams
 

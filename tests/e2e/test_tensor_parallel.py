@@ -52,7 +52,7 @@ def test_dspark_markov_head_at_tp2_matches_tp1_target_only(request, engines, tin
 
 
 @pytest.mark.parametrize("width", [6, "auto"])
-def test_the_adaptive_budget_at_tp2_matches_tp1_target_only(engines, tiny_target, tiny_domino,
+def test_the_adaptive_verification_at_tp2_matches_tp1_target_only(engines, tiny_target, tiny_domino,
                                                            tp1_target_only, one_core_per_rank,
                                                            width):
     """Each rank times its own steps, so only rank 0's counts reach the scheduler and rank

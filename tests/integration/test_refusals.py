@@ -166,7 +166,7 @@ def test_disable_padded_drafter_batch_is_refused(tmp_path, tiny_domino):
             speculative={"disable_padded_drafter_batch": True})
 
 
-def test_the_adaptive_budget_schedules_synchronously(tmp_path, tiny_domino):
+def test_the_adaptive_verification_schedules_synchronously(tmp_path, tiny_domino):
     model = config_only_target(tmp_path, "adaptive")
     adaptive = {"budget_policy": "adaptive"}
     refused(r"'async_scheduling' = True cannot run .*'budget_policy' = 'adaptive'", model,

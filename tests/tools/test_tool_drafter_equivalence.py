@@ -134,7 +134,7 @@ def test_the_engines_drafter_computes_what_the_tool_computes(both_sides, name):
     picked = logits.gather(1, chain[:, None])[:, 0]
     assert ((best - picked) <= REL_TOL * best.abs().clamp(min=1.0)).all(), (
         chain.tolist(), logits.argmax(-1).tolist())
-    # DSpark's confidence head (the adaptive budget's acceptance estimate)
+    # DSpark's confidence head (adaptive verification's acceptance estimate)
     assert (seen["confidence"] is None) == ("confidence" not in theirs)
     if "confidence" in theirs:
         assert close(seen["confidence"], theirs["confidence"])

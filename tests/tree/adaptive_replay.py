@@ -1,4 +1,4 @@
-"""A deterministic engine stand-in that drives the adaptive budget through long runs, for
+"""A deterministic engine stand-in that drives adaptive verification through long runs, for
 ``test_adaptive_replay.py`` (and ``record_adaptive_replay.py``, which writes the trace).
 
 Each step calls the policy in the engine's order (``step/tree_step.py``, the proposers):
@@ -19,7 +19,7 @@ The record of a step (:func:`run`): ``R`` the batch, ``k`` what ``observe_step``
 ``w`` the auto width after ``observe_scheduled``, ``d`` whether it drafts; a drafted step adds
 ``c`` the counts, ``e`` the expected tokens, ``t`` the predicted ms, ``g`` the gain scale and
 ``o`` a digest of the priority-ordered tree; every ``REPORT_EVERY`` steps ``r`` what
-``step/budget_report.py`` reads (calibration errors, the cost model's description) and the
+``step/policy_report.py`` reads (calibration errors, the cost model's description) and the
 cost model's sample counts.
 """
 
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from vllm_dartree.tree import DraftTree, truncate
-from vllm_dartree.tree.budget import AdaptiveBudget, AutoWidth
+from vllm_dartree.tree.adaptive import AdaptiveVerification, AutoWidth
 
 TRACE = Path(__file__).parent / "data" / "adaptive_replay.json"
 REPORT_EVERY = 50
@@ -96,7 +96,7 @@ class Run:
     seed: int
     budget: int  # nodes per tree
     depths: int
-    policy: dict  # AdaptiveBudget keyword arguments
+    policy: dict  # AdaptiveVerification keyword arguments
     width: dict  # AutoWidth keyword arguments (besides budget and depths)
     phases: tuple[Phase, ...]
 
@@ -231,11 +231,11 @@ def rounded(value: float) -> float:
 
 
 # ------------------------------------------------------------------------------ run
-def run(spec: Run, on_policy: Callable[[AdaptiveBudget], None] | None = None) -> list[dict]:
+def run(spec: Run, on_policy: Callable[[AdaptiveVerification], None] | None = None) -> list[dict]:
     """Every step's record (see the module docstring) of one run from a fresh policy."""
     rng = random.Random(spec.seed)
     auto = AutoWidth(budget=spec.budget, num_depths=spec.depths, **spec.width)
-    policy = AdaptiveBudget(spec.depths, torch.device("cpu"), auto_width=auto, **spec.policy)
+    policy = AdaptiveVerification(spec.depths, torch.device("cpu"), auto_width=auto, **spec.policy)
     if on_policy is not None:
         on_policy(policy)
     records = []
@@ -292,6 +292,6 @@ def run(spec: Run, on_policy: Callable[[AdaptiveBudget], None] | None = None) ->
     return records
 
 
-def replay(on_policy: Callable[[AdaptiveBudget], None] | None = None) -> dict[str, list]:
+def replay(on_policy: Callable[[AdaptiveVerification], None] | None = None) -> dict[str, list]:
     """Every run's records, by run name."""
     return {spec.name: run(spec, on_policy) for spec in RUNS}

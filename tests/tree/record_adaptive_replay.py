@@ -1,4 +1,4 @@
-"""Writes ``tests/tree/data/adaptive_replay.json``: the adaptive budget's decisions over the
+"""Writes ``tests/tree/data/adaptive_replay.json``: adaptive verification's decisions over the
 runs of ``adaptive_replay.py`` and how often each of its mechanisms fired, which must be
 every one of them at least once.
 
@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from adaptive_replay import TRACE, replay  # noqa: E402
 
-from vllm_dartree.tree.budget import AdaptiveBudget  # noqa: E402
+from vllm_dartree.tree.adaptive import AdaptiveVerification  # noqa: E402
 
 
-def watch_public_calls(policy: AdaptiveBudget, fired: Counter) -> None:
+def watch_public_calls(policy: AdaptiveVerification, fired: Counter) -> None:
     """Count into ``fired`` the back-off's doublings and resets, the drafted probes that run
     where the back-off is at its maximum (no test of whether a tree could pay), and the
     choices that take their count from a probe rule."""
@@ -63,7 +63,7 @@ def watch_public_calls(policy: AdaptiveBudget, fired: Counter) -> None:
 def replay_counting() -> tuple[dict[str, list], dict[str, int]]:
     """The replayed runs, and how often each mechanism fired in them."""
     fired: Counter = Counter()
-    policies: list[AdaptiveBudget] = []
+    policies: list[AdaptiveVerification] = []
     runs = replay(lambda policy: (policies.append(policy), watch_public_calls(policy, fired)))
     for policy in policies:
         fired.update(policy.pause.fired)  # the pause policy's transitions, by rule

@@ -1,4 +1,4 @@
-"""The adaptive budget decides as recorded: the runs of ``adaptive_replay.py`` (random trees,
+"""Adaptive verification decides as recorded: the runs of ``adaptive_replay.py`` (random trees,
 batches that grow and shrink, cost regimes where trees pay, do not pay and change mid-run)
 replayed through the policy give the decisions in ``data/adaptive_replay.json``: whether
 each step drafts, the counts chosen, the auto width, and what the budget report reads.

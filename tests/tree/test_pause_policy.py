@@ -1,7 +1,7 @@
-"""The pause/probe state machine (tree/budget/pause.py) on its own: each transition, its
+"""The pause/probe state machine (tree/adaptive/pause.py) on its own: each transition, its
 rule, and which tests a rule asks."""
 
-from vllm_dartree.tree.budget import PLAIN_PROBE_STEPS, DraftingState, PausePolicy
+from vllm_dartree.tree.adaptive import PLAIN_PROBE_STEPS, DraftingState, PausePolicy
 
 PROBING, DRAFTING, PAUSED, SAMPLING_PLAIN = (DraftingState.PROBING, DraftingState.DRAFTING,
                                              DraftingState.PAUSED, DraftingState.SAMPLING_PLAIN)

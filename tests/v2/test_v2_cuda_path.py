@@ -177,7 +177,7 @@ def test_max_model_len_chunked_prefill_and_preemption_on_the_cuda_path(engines, 
 def test_trees_at_tp2_on_the_cuda_path(request, engines, reference, one_core_per_rank,
                                        drafter_fixture):
     """Two ranks, one core each (mp executor; each worker loads the test site): the pruned
-    tree with the Domino head, and with the DSpark head under the adaptive budget (rank 0's
+    tree with the Domino head, and with the DSpark head under adaptive verification (rank 0's
     decisions on every rank). Every other variant at TP=2 runs on V1
     (tests/e2e/test_tensor_parallel.py): the tree core is the same on both runners."""
     target, drafter = request.getfixturevalue(drafter_fixture)

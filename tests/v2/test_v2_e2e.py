@@ -127,18 +127,18 @@ ADAPTIVE = {"budget_policy": "adaptive", "num_speculative_tokens": 24, "width": 
             "top_k": 8}
 
 
-def test_the_adaptive_budget_is_lossless_through_every_kind_of_step(engines, tiny_target,
+def test_the_adaptive_verification_is_lossless_through_every_kind_of_step(engines, tiny_target,
                                                                      tiny_domino, baseline):
-    """The adaptive budget on V2: steps with the whole tree, part of it, no node, and steps
+    """Adaptive verification on V2: steps with the whole tree, part of it, no node, and steps
     that do not draft (context held); each request's chosen count reaches vLLM's scheduler
     (with the sampled tokens, no call of its own), so rows not chosen are never scheduled;
     output stays target-only decoding's."""
-    from vllm_dartree.step.budget_report import BudgetReport
+    from vllm_dartree.step.policy_report import PolicyReport
 
     llm = engines.get(model=str(tiny_target), **BATCH, speculative_config=dartree(
         tiny_domino, **ADAPTIVE))
     steps: list[list[int] | None] = []
-    with BudgetReport.observing(steps.append), counting_draft_rpcs(llm) as draft_rpcs:
+    with PolicyReport.observing(steps.append), counting_draft_rpcs(llm) as draft_rpcs:
         assert generate_ids(llm, PROMPTS, greedy()) == baseline
     assert draft_rpcs == []  # the counts travel with the sampled tokens too
     drafted = [counts for counts in steps if counts is not None]

@@ -1,4 +1,4 @@
-"""Context held while the adaptive budget pauses drafting, on V2: the V1 suite's test, run
+"""Context held while adaptive verification pauses drafting, on V2: the V1 suite's test, run
 here on V2 engines (DARTreeSpeculator holds what vLLM's DFlash would have written)."""
 
 from test_pending_context import (  # noqa: F401 - collected and run on V2 engines

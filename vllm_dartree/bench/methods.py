@@ -11,7 +11,7 @@ dspark             DSpark's chain: the DSpark drafter's argmax per depth, Markov
 dspark-fixed       DARTree (fixed) over the DSpark drafter's Markov head
 dspark-pruned      DARTree (pruned) over the DSpark drafter's Markov head
 dartree-adaptive   DARTree (pruned) of B nodes per request at most, verified as far as the
-                   adaptive budget finds it pays (``budget_policy: adaptive``)
+                   adaptive verification finds it pays (``budget_policy: adaptive``)
 lattice            vLLM's own speculator for a DFlash2/LiLiCorr drafter: its greedy walk
                    through the drafter's candidate lattice (vLLM's method "dflash")
 lattice-chain      dartree's chain over the same lattice (the same drafts as ``lattice``)
@@ -22,7 +22,7 @@ lattice-pruned     DARTree (pruned) over the lattice
 
 A tree method may carry its own B and W after a colon, e.g. ``dartree-pruned:b64w12`` or
 ``dartree-adaptive:b64``, so one run can compare several sizes (the run's ``--budget`` and
-``--width`` apply otherwise); ``dartree-adaptive:wauto`` lets the budget choose the width
+``--width`` apply otherwise); ``dartree-adaptive:wauto`` lets the policy choose the width
 (``width: "auto"``).
 
 Chains verify one node per drafter depth (the block, not B), as DFlash/Domino do. The
@@ -83,7 +83,7 @@ class TreeParams:
 
     budget: int = config_default("num_speculative_tokens")
     top_k: int = config_default("top_k")
-    width: int | str = config_default("width")  # or "auto" (adaptive budget only)
+    width: int | str = config_default("width")  # or "auto" (adaptive verification only)
     depth_bonus: float = config_default("depth_bonus")
 
     @classmethod
@@ -109,7 +109,7 @@ def canonical(name: str) -> str:
             raise ValueError(f"method {name!r}: a size suffix is 'bB', 'wW' or 'bBwW' (e.g. "
                              f"'dartree-pruned:b64w12') on a tree method")
         if sized["width"] == "auto" and base != "dartree-adaptive":
-            raise ValueError(f"method {name!r}: 'wauto' (width chosen by the adaptive budget) "
+            raise ValueError(f"method {name!r}: 'wauto' (width chosen by adaptive verification) "
                              "applies to dartree-adaptive only")
         return f"{base}:{size}"
     return base

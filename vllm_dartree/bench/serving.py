@@ -10,15 +10,15 @@ of that dataset's samples, chat template applied here and sent as token ids to
 completion tokens / wall time, speedup = method tokens/s / AR tokens/s at that dataset and C
 (the paper's Table 4). At T = 0 every completion is compared with AR's for the same request
 (``mismatches``); ``drafts_per_step`` is vLLM's draft tokens per verified request-step (the
-adaptive budget's chosen size), ``drafted_share`` the share of decode request-steps that
+adaptive verification's chosen size), ``drafted_share`` the share of decode request-steps that
 verified a draft (vLLM's drafts over completion tokens less each request's prefill token and
 the accepted ones) and ``mean_width`` the pruned tree's width per drafted step (adaptive
-budget only).
+verification only).
 
 ``--repeats N`` measures each dataset and C in N rounds, every method once per round, and
 reports each method's median tokens/s (its counters and mismatches summed over its rounds).
 A 20-second cell of a shared 2-core host moved a method by up to 12% between runs, more than
-the margins the adaptive budget is judged by. A method below ``CONTENDER_SHARE`` of the
+the margins adaptive verification is judged by. A method below ``CONTENDER_SHARE`` of the
 cell's best rate in the first round is not measured again: neither it nor a ratio to it can
 be near the best, and the slow fixed trees would otherwise multiply the run's hours. For
 the same reason a method's first round is cut short once it provably cannot reach half of
@@ -43,7 +43,7 @@ from vllm_dartree.harness.server import http_json, http_text, metric_value, runn
 
 SERVED_NAME = "bench"
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
-# The adaptive budget's width histogram (``step.budget_report``): summed widths and
+# Adaptive verification's width histogram (``step.policy_report``): summed widths and
 # drafted steps, absent for other methods.
 WIDTH_METRIC = "vllm_dartree:budget_width"
 # With --repeats: methods under this share of a cell's best first-round rate run once there.

@@ -312,7 +312,7 @@ def declared_patches() -> tuple[type[TouchPoint], ...]:
         SpecForgeDSparkDrafterArchitecture,
         CpuTreeAttention, TritonTreeAttention, CpuGdnConvWindowFix, *TRITON_GDN_PATCHES,
         *ENGINE_CORE_PATCHES, SpecDecodeSamplingCheck,
-        # ... the V2 runner's (its speculator choice, the adaptive budget's draft counts to
+        # ... the V2 runner's (its speculator choice, adaptive verification's draft counts to
         # the scheduler, drafts with the sampled tokens, the lm_head LoRA ids per logits row,
         # penalties along tree paths) ...
         V2SpeculatorChoice, *DRAFT_COUNT_PATCHES, DraftsWithAsyncOutput, *V2_LORA_PATCHES,
@@ -393,7 +393,7 @@ def build_dartree_speculative_config(engine_args, requested: dict, original,
                            target_model_config, parallel_config)
     expose_target_layers(speculative.draft_model_config.hf_config, layout)
     carry_settings(speculative, config, layout)
-    logger.info("vllm-dartree: tree=%s B=%d W=%s K=%d beta=%g budget=%s drafter=%s",
+    logger.info("vllm-dartree: tree=%s B=%d W=%s K=%d beta=%g budget_policy=%s drafter=%s",
                 config.tree, config.num_speculative_tokens, config.width, config.top_k,
                 config.effective_depth_bonus, config.budget_policy, config.model)
     return speculative
@@ -417,7 +417,7 @@ def refuse_unverifiable_platform(config) -> None:
 
 
 def schedule_synchronously_if_adaptive(config, engine_args) -> None:
-    """The adaptive budget hands vLLM a draft count per request, which only its synchronous
+    """Adaptive verification hands vLLM a draft count per request, which only its synchronous
     scheduler takes (the asynchronous one schedules a fixed count of placeholder drafts).
     An engine that left the choice to vLLM gets synchronous scheduling (an explicit
     ``async_scheduling=True`` was refused before this)."""

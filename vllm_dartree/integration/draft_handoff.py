@@ -1,10 +1,10 @@
 """The next step's drafts travel with the step's sampled tokens: one RPC per step fewer.
 
-A speculative vLLM engine that schedules synchronously (every adaptive-budget engine, and
+A speculative vLLM engine that schedules synchronously (every adaptive-verification engine, and
 every engine on vLLM's CPU backend) asks the worker for the drafts in a call of its own
 after each step: ``EngineCore.post_step`` calls ``executor.take_draft_token_ids()``. With
 the multiprocess executor (TP > 1, and every CPU engine) that is a round trip through its
-message queues, paid on every step, also where the adaptive budget drafts nothing. Both
+message queues, paid on every step, also where adaptive verification drafts nothing. Both
 runners propose inside ``sample_tokens``, so the drafts are ready when the sampled tokens are: each runner's glue attaches them to its
 synchronous ``ModelRunnerOutput`` (``v1/draft_handoff.py``, ``v2/draft_handoff.py``, with
 :func:`attach_drafts`). The engine-core side is the same for both runners: the scheduler

@@ -11,7 +11,7 @@ dropped). For a z-lab DFlash checkpoint it is the stock model; a Domino checkpoi
 (``dflash_config.projector_type == "domino"``) adds ``prefix_gru.*`` and ``embed_proj.*``,
 exposed as a :class:`~vllm_dartree.tree.DominoHead`; a DSpark checkpoint adds
 ``markov_head.markov_w1/w2``, exposed as a :class:`~vllm_dartree.tree.MarkovHead`, and an
-optional ``confidence_head.proj`` (:meth:`chain_confidence`, the adaptive budget's
+optional ``confidence_head.proj`` (:meth:`chain_confidence`, adaptive verification's
 acceptance estimate). Names and
 shapes are those of vLLM's ``qwen3_dspark.Qwen3DSparkForCausalLM.load_weights``.
 """

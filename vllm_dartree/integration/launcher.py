@@ -17,7 +17,7 @@ from vllm_dartree.integration.patching import AppliedAt
 
 
 def _engine_metrics_across_processes(args: list[str]) -> None:
-    """A profiled server (``VLLM_DARTREE_PROFILE=1``) or one with the adaptive budget records
+    """A profiled server (``VLLM_DARTREE_PROFILE=1``) or one with adaptive verification records
     its metrics in the engine process; prometheus_client's multiprocess mode lets the API
     server's ``/metrics`` read them. Its directory must be fresh for every server, so one
     per launch, in the cache."""

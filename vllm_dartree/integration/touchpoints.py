@@ -122,7 +122,7 @@ NAMES: tuple[VllmName, ...] = _names(
     VllmName("vllm.engine.arg_utils:EngineArgs.spec_tokens"),
     VllmName("vllm.engine.arg_utils:EngineArgs.watermark_config"),
     VllmName("vllm.engine.arg_utils:EngineArgs.async_scheduling",
-             use="adaptive budget: set False when unset (read before the scheduler config)"),
+             use="adaptive verification: set False when unset (read before the scheduler config)"),
     VllmName("vllm.utils.torch_utils:resolve_kv_cache_dtype_string",
              ("kv_cache_dtype", "model_config")),
     VllmName("vllm.config.vllm:VllmConfig.num_lookahead_tokens",
@@ -267,15 +267,15 @@ NAMES: tuple[VllmName, ...] = _names(
     V1Name("vllm.v1.sample.sampler:Sampler.forward", ("self", "logits", "sampling_metadata")),
     VllmName("vllm.distributed.parallel_state:get_tp_group"),
     VllmName("vllm.distributed.parallel_state:GroupCoordinator.broadcast_object",
-             ("obj", "src"), use="adaptive budget: rank 0's drafting decision"),
+             ("obj", "src"), use="adaptive verification: rank 0's drafting decision"),
     VllmName("vllm.distributed.parallel_state:GroupCoordinator.world_size"),
     V1Name(f"{RUNNER}._get_draft_token_ids_cpu", ("self",), exact=True,
-             use="adaptive budget: a proposer's list[list[int]] (one length per request) "
+             use="adaptive verification: a proposer's list[list[int]] (one length per request) "
              "goes to the scheduler as is"),
     # --- drafts returned with the sampled tokens (integration/draft_handoff.py, v1/, v2/)
     VllmName("vllm.v1.core.sched.scheduler:Scheduler.update_draft_token_ids",
              ("self", "draft_token_ids"), exact=True,
-             use="each request's spec_token_ids, any length (V1's adaptive budget); "
+             use="each request's spec_token_ids, any length (V1's adaptive verification); "
                  "draft_handoff calls it from post_step as vLLM does"),
     VllmName("vllm.v1.core.sched.scheduler:Scheduler.update_from_output",
              ("self", "scheduler_output", "model_runner_output"), exact=True,
@@ -488,7 +488,7 @@ NAMES: tuple[VllmName, ...] = _names(
              "RejectionSampler.num_speculative_steps"),
     VllmName("vllm.v1.worker.gpu.spec_decode.utils:DraftTokensHandler.set_draft_tokens",
              ("self", "input_batch", "draft_tokens"), exact=True,
-             use="wrapped: remembers the adaptive budget's per-request draft counts"),
+             use="wrapped: remembers adaptive verification's per-request draft counts"),
     VllmName("vllm.v1.worker.gpu.spec_decode.utils:DraftTokensHandler.get_draft_tokens",
              ("self",), exact=True,
              use="wrapped: each request's drafts cut to its count, for the scheduler"),

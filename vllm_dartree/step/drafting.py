@@ -1,6 +1,6 @@
 """The runner-independent half of a dartree drafter: settings, correction head, each
 step's trees from the drafter's per-depth hidden states, and the context held while the
-adaptive budget pauses drafting.
+adaptive verification pauses drafting.
 
 vLLM's V1 proposer (``integration/v1/proposer.py``) and its V2 speculator
 (``integration/v2/speculator.py``) both run vLLM's own DFlash plumbing for the drafter's one
@@ -21,7 +21,7 @@ import torch
 
 from vllm_dartree.checkpoint import DrafterLayout
 from vllm_dartree.config import DARTreeConfig, carried_layout, carried_settings
-from vllm_dartree.step.budget_report import BudgetReport
+from vllm_dartree.step.policy_report import PolicyReport
 from vllm_dartree.step.profile import StepProfile
 from vllm_dartree.step.tree_step import TreeStep
 from vllm_dartree.tree import (
@@ -31,10 +31,10 @@ from vllm_dartree.tree import (
     select_requests,
     where_requests,
 )
-from vllm_dartree.tree.budget import (
-    AdaptiveBudget,
+from vllm_dartree.tree.adaptive import (
+    AdaptiveVerification,
     AutoWidth,
-    BudgetChoice,
+    VerifyChoice,
     depth_leaders,
     with_confidence,
 )
@@ -121,15 +121,15 @@ class TreeDrafting:
                       min(self.settings.top_k, vllm_config.model_config.get_vocab_size()))
         self.head = None
         self.graphs: CorrectionGraphs | None = None
-        # The adaptive budget: the drafter asks it which nodes to hand over, the step tells
+        # Adaptive verification: the drafter asks it which nodes to hand over, the step tells
         # it what each step cost and what was accepted. ``width: "auto"`` (adaptive only):
         # the step feeds it the scheduled counts through the policy; the builder reads it.
         self.auto_width = (AutoWidth(self.settings.max_width, self.budget, self.tree_depths)
                            if self.settings.auto_width else None)
-        self.budget_policy = (AdaptiveBudget(self.tree_depths, device,
+        self.policy = (AdaptiveVerification(self.tree_depths, device,
                                              auto_width=self.auto_width)
                               if self.settings.adaptive else None)
-        self.budget_report = BudgetReport() if self.settings.adaptive else None
+        self.policy_report = PolicyReport() if self.settings.adaptive else None
         # Context K/V owed to the drafter's cache by steps that did not draft.
         self.pending_context = PendingContext(
             vllm_config.scheduler_config.max_num_batched_tokens)
@@ -196,7 +196,7 @@ class TreeDrafting:
                     chain: bool) -> DraftTree:
         """One tree per request from the drafter's per-depth hidden states [R, D, H] and the
         roots [R] (``chain``: the drafter's best chain, for a batch verified as chains).
-        With a fixed budget the tree comes depth-first (see ``tree.depth_first``)."""
+        With ``budget_policy`` fixed the tree comes depth-first (see ``tree.depth_first``)."""
         num_reqs, depths, hidden = depth_hidden.shape
         variant = "chain" if chain else self.settings.tree
         base_logits = vocab_ids = lattice = None
@@ -214,7 +214,7 @@ class TreeDrafting:
                 depth_bonus=self.settings.effective_depth_bonus, graphs=self.graphs,
                 vocab_ids=vocab_ids, lattice=lattice,
             )
-            if variant != "chain" and self.budget_policy is None:
+            if variant != "chain" and self.policy is None:
                 tree = depth_first(tree)  # verified depth-first: see tree.depth_first
         return tree
 
@@ -229,23 +229,23 @@ class TreeDrafting:
         raise NotImplementedError(f"{type(self).__name__} drafts no lattice")
 
     def drafts_this_step(self, num_requests: int) -> bool:
-        """The adaptive budget's call (always True without it); every tensor-parallel rank
+        """Adaptive verification's call (always True without it); every tensor-parallel rank
         takes rank 0's, since the drafter's forward and logits run collectives."""
-        policy = self.budget_policy
+        policy = self.policy
         if policy is None:
             return True
         drafting = self.same_on_every_rank(policy.should_draft(num_requests))
         if not drafting:
-            self.budget_report.record_no_drafting()
+            self.policy_report.record_no_drafting()
         return drafting
 
     def choose_nodes(self, tree: DraftTree, depth_hidden: torch.Tensor,
-                     root_tokens: torch.Tensor) -> BudgetChoice:
-        """The adaptive budget's nodes to verify: a subtree per request, in priority order,
+                     root_tokens: torch.Tensor) -> VerifyChoice:
+        """Adaptive verification's nodes to verify: a subtree per request, in priority order,
         and how many of each (the scheduler's draft counts)."""
         tree = self.with_chain_confidence(tree, depth_hidden, root_tokens)
-        choice = self.budget_policy.choose(tree)
-        self.budget_report.record(choice, self.budget_policy, self.tree_width)
+        choice = self.policy.choose(tree)
+        self.policy_report.record(choice, self.policy, self.tree_width)
         return choice
 
     def finish_proposal(self, depth_hidden: torch.Tensor, roots: torch.Tensor,
@@ -254,22 +254,22 @@ class TreeDrafting:
         """The end of a drafted step: one tree per request ``req_ids[r]`` from the drafter's
         per-depth hidden states [R, D, H] and the roots [R] (``chain_rows[r]``: the request
         verifies as a chain, so it gets the drafter's best chain), handed to the engine's
-        step for the next step's verification. With the adaptive budget the trees are the
+        step for the next step's verification. With adaptive verification the trees are the
         nodes it chose (priority order), and the proposal's wall time since ``started``
         (``time.perf_counter()``; ``written_ms`` of it wrote held context) is recorded.
         Returns (the trees handed over, each request's node count to schedule; None without
-        the adaptive budget)."""
+        adaptive verification)."""
         all_chains = all(chain_rows)
         tree = self.build_trees(depth_hidden, roots, all_chains)
         counts = None
-        if self.budget_policy is not None:
+        if self.policy is not None:
             choice = self.choose_nodes(tree, depth_hidden, roots)
             tree, counts = choice.tree, choice.counts
         if any(chain_rows) and not all_chains:
             tree, counts = self._with_chains(tree, counts, depth_hidden, roots, chain_rows)
         self.tree_step.hand_over(list(req_ids), tree,
                                  chains=all_chains or self.settings.tree == "chain")
-        if self.budget_policy is not None:
+        if self.policy is not None:
             self._record_drafting(True, started, written_ms)
         return tree, counts
 
@@ -293,13 +293,13 @@ class TreeDrafting:
         return tree, counts
 
     def record_pause(self, started: float, written_ms: float) -> None:
-        """The end of a step that did not draft (the adaptive budget's pause: the next step
+        """The end of a step that did not draft (adaptive verification's pause: the next step
         verifies nothing): its wall time since ``started``, ``written_ms`` of it writing
-        held context, told to the budget."""
+        held context, told to the policy."""
         self._record_drafting(False, started, written_ms)
 
     def _record_drafting(self, drafted: bool, started: float, written_ms: float) -> None:
-        self.budget_policy.record_drafting(drafted, (time.perf_counter() - started) * 1e3,
+        self.policy.record_drafting(drafted, (time.perf_counter() - started) * 1e3,
                                            set_aside_ms=written_ms)
 
     def _write_pending_context(self) -> float:
@@ -323,7 +323,7 @@ class TreeDrafting:
     def with_chain_confidence(self, tree: DraftTree, depth_hidden: torch.Tensor,
                               root_tokens: torch.Tensor) -> DraftTree:
         """With a DSpark confidence head: the tree's acceptance estimate (its scores) moved
-        to the head's chain survival (``tree.budget.with_confidence``)."""
+        to the head's chain survival (``tree.adaptive.with_confidence``)."""
         if not getattr(self.model, "has_confidence_head", False):
             return tree
         leaders, _ = depth_leaders(tree, depth_hidden.shape[1])

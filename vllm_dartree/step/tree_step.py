@@ -49,7 +49,7 @@ from vllm_dartree.step.verify_plan import (
     depth_position_values,
 )
 from vllm_dartree.tree import DraftTree
-from vllm_dartree.tree.budget import AdaptiveBudget
+from vllm_dartree.tree.adaptive import AdaptiveVerification
 
 MoveKv = Callable[[AcceptedPaths, Any], None]  # kv_mover.KvMover in an engine
 # The engine's TreeStep, as an attribute of the vLLM object that carries it to the target
@@ -62,17 +62,17 @@ class TreeStep:
 
     ``move_kv(accepted, kv_caches)`` moves each accepted path's KV to consecutive slots in
     every target layer of ``kv_caches`` (what :meth:`target_forward` was given), in each
-    layer's page layout. ``budget_policy`` (the adaptive budget, or None) is told each
+    layer's page layout. ``policy`` (adaptive verification, or None) is told each
     step's wall time (from one plan to the next) and each verified step's acceptance.
     """
 
     def __init__(self, budget: int, device: torch.device, verifier: TreeVerifier,
-                 move_kv: MoveKv, budget_policy: AdaptiveBudget | None = None) -> None:
+                 move_kv: MoveKv, policy: AdaptiveVerification | None = None) -> None:
         self.budget = budget
         self.device = device
         self.verifier = verifier
         self.move_kv = move_kv
-        self.budget_policy = budget_policy
+        self.policy = policy
         self._last_plan: tuple[float, int, int, int] | None = None  # time, shape of the step
         self._proposed_in: int | None = None  # step of the proposal this step verifies
         self.step_index = 0  # steps planned so far
@@ -93,7 +93,7 @@ class TreeStep:
         """Lay out this step's tree verification; None when vLLM verifies it (no drafts, or
         ``verify_as_chain``: every request's draft is a chain vLLM verifies itself). A step
         without drafts has no plan, so its forward and attention run as in plain decoding
-        (the adaptive budget's paused steps). ``chain_rows[i]``: request ``req_ids[i]``
+        (adaptive verification's paused steps). ``chain_rows[i]``: request ``req_ids[i]``
         verifies as a chain (``verify_plan.verifies_as_chain``; on V1
         ``verifies_as_chain_on_v1``), its drafts this step's and the next proposal's
         (:attr:`chain_rows`)."""
@@ -104,8 +104,8 @@ class TreeStep:
         self.step_index += 1
         proposal, self._proposal = self._proposal, None
         self._plan = self._kv_caches = self._accepted = None
-        if self.budget_policy is not None:  # no drafts scheduled: none were given
-            self.budget_policy.observe_scheduled(num_drafts or [])
+        if self.policy is not None:  # no drafts scheduled: none were given
+            self.policy.observe_scheduled(num_drafts or [])
         if num_drafts is None or verify_as_chain or not any(num_drafts):
             return None  # vLLM verifies it (a step without drafts: plain decoding)
         if proposal is not None and proposal.step_index != self.step_index - 1:
@@ -117,14 +117,14 @@ class TreeStep:
         return self._plan
 
     def _time_previous_step(self, requests: int, rows: int, nodes: int) -> None:
-        """Tell the budget policy what the previous step cost (requests, rows, tree nodes
+        """Tell the adaptive policy what the previous step cost (requests, rows, tree nodes
         among them, ms)."""
-        if self.budget_policy is None:
+        if self.policy is None:
             return
         now = time.perf_counter()
         if self._last_plan is not None:
             started, *shape = self._last_plan
-            self.budget_policy.observe_step(*shape, (now - started) * 1e3)
+            self.policy.observe_step(*shape, (now - started) * 1e3)
         self._last_plan = (now, requests, rows, nodes)
 
     def has_plan(self) -> bool:
@@ -202,8 +202,8 @@ class TreeStep:
             choice = choose(plan)
         sampled, self._accepted = self.verifier.accept(
             plan, choice, columns, lambda paths: self.move_kv(paths, kv_caches))
-        if self.budget_policy is not None and plan.step_index - 1 == self._proposed_in:
-            self.budget_policy.observe_acceptance(plan.tree, self._accepted.num_accepted)
+        if self.policy is not None and plan.step_index - 1 == self._proposed_in:
+            self.policy.observe_acceptance(plan.tree, self._accepted.num_accepted)
         return sampled, self._accepted
 
     # ---- phase 4: the drafter's next context --------------------------------------------

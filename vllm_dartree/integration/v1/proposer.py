@@ -9,7 +9,7 @@ nodes can reach, not B itself) and what happens to the drafter's outputs: they b
 :class:`~vllm_dartree.step.tree_step.TreeStep` for the next step's verification.
 Acceptance is not here (``verifier.py``).
 
-A step that does not draft (the adaptive budget's pause) owes the drafter's cache its
+A step that does not draft (adaptive verification's pause) owes the drafter's cache its
 committed tokens' context K/V; ``drafting.PendingContext`` keeps them and the next drafted step
 writes them in one pass (see there why that is exact).
 """

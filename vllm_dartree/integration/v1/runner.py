@@ -71,7 +71,7 @@ class ProposerSwap(V1RunnerPatch):
             with DFlashProposerGlobal.swapped(DARTreeProposer):
                 original(self, vllm_config, *args, **kwargs)
             step = TreeStep(self.drafter.budget, self.device, TreeVerifier(), KvMover(),
-                            budget_policy=self.drafter.budget_policy)
+                            policy=self.drafter.policy)
             setattr(self, STEP_ATTR, step)
             self.drafter.tree_step = step
 

@@ -9,7 +9,7 @@ only; nothing here touches the V1 runner.
   ``get_model_state_cls`` (read by ``model_states.resolve_model_state_cls``).
 - ``sampler.TreeRejectionSampler``: acceptance, returned by the model state's
   ``custom_sampler``.
-- ``draft_counts``: the adaptive budget's per-request draft counts to vLLM's scheduler
+- ``draft_counts``: adaptive verification's per-request draft counts to vLLM's scheduler
   (two declared patches of ``DraftTokensHandler``).
 - ``draft_handoff``: the drafts ride back with the sampled tokens (no RPC per step; the
   engine core's half is ``integration/draft_handoff.py``).

@@ -1,9 +1,9 @@
-"""The adaptive budget's per-request draft counts, to vLLM's scheduler (V2).
+"""Adaptive verification's per-request draft counts, to vLLM's scheduler (V2).
 
 V2's runner tells the scheduler its drafts through ``DraftTokensHandler``: the drafts' width
 (B for every request) as ``[-1] * B`` placeholders, or the tokens themselves with structured
 output. The scheduler schedules as many drafts as a request's list holds, and the runner
-verifies exactly those rows. A dartree speculator with the adaptive budget puts each
+verifies exactly those rows. A dartree speculator with adaptive verification puts each
 request's chosen count on the step's input batch (``COUNTS_ATTR``); these two declared
 patches cut each request's list to it, so rows not chosen are never scheduled or computed,
 and a paused step's requests get none (plain decoding). A batch without counts (any other

@@ -10,7 +10,7 @@ as for DFlash; what differs:
 - those become trees (``drafting.TreeDrafting``), flattened depth-first into the B draft
   slots vLLM keeps on the device for the next step, their shapes handed to the engine's
   ``TreeStep`` for the next step's verify plan;
-- with the adaptive budget, each request's chosen node count rides on the input batch to
+- with adaptive verification, each request's chosen node count rides on the input batch to
   vLLM's draft-token handler (``draft_counts``: the scheduler schedules that many), and a
   step that does not draft runs no query and holds its context K/V (``PendingContext``)
   for the next drafted step to write.
@@ -66,7 +66,7 @@ class DARTreeSpeculator(DFlashSpeculator, TreeDrafting):
         # sample buffers, sized by B, hold it).
         self.num_query_per_req = 1 + self.query_slots
         self.tree_step = TreeStep(self.budget, device, TreeVerifier(), KvMover(),
-                                  budget_policy=self.budget_policy)
+                                  policy=self.policy)
         # The query's hidden states, kept by _generate_draft (a persistent buffer: a FULL
         # drafter graph replays _generate_draft into the same addresses).
         self.query_hidden = torch.zeros(self.max_num_reqs * self.num_query_per_req,

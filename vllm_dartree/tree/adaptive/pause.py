@@ -50,7 +50,7 @@ at the largest back-off probes run regardless, since the cost model may be wrong
 extrapolates. While a veto holds at R, approval does not reset the back-off there, so each
 veto doubles it; and a shrinking batch does not end a pause early at that size. The tests
 the rules read (the measured veto, what recent trees would deliver) are asked lazily, in
-the order the rules list them; :class:`~vllm_dartree.tree.budget.outlook.TreeOutlook`
+the order the rules list them; :class:`~vllm_dartree.tree.adaptive.outlook.TreeOutlook`
 computes the tree ones.
 """
 

@@ -1,4 +1,4 @@
-"""What the adaptive budget chose, for people: a periodic log line and Prometheus metrics.
+"""What adaptive verification chose, for people: a periodic log line and Prometheus metrics.
 
 Metrics (engine process; ``vllm-dartree serve`` turns on prometheus_client's multiprocess
 mode for an adaptive engine so the API server's ``/metrics`` shows them):
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import ClassVar
 
-from vllm_dartree.tree.budget import AdaptiveBudget, BudgetChoice
+from vllm_dartree.tree.adaptive import AdaptiveVerification, VerifyChoice
 
 logger = logging.getLogger("vllm.dartree")
 
@@ -33,7 +33,7 @@ WIDTH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
 Observer = Callable[[list[int] | None], None]
 
 
-class BudgetReport:
+class PolicyReport:
     """Running totals of the policy's choices; logs and exports them. Observers (tests,
     benchmarks) see every step's choice in this process: :meth:`observing`."""
 
@@ -63,7 +63,7 @@ class BudgetReport:
         for observer in self._observers:
             observer(None)
 
-    def record(self, choice: BudgetChoice, policy: AdaptiveBudget, width: int) -> None:
+    def record(self, choice: VerifyChoice, policy: AdaptiveVerification, width: int) -> None:
         """One drafted step: the counts chosen and the width of the trees they come from."""
         for observer in self._observers:
             observer(choice.counts)
@@ -83,7 +83,7 @@ class BudgetReport:
             self._last_log = now
             self.log(policy)
 
-    def log(self, policy: AdaptiveBudget) -> None:
+    def log(self, policy: AdaptiveVerification) -> None:
         error, raw = policy.calibration.error(), policy.calibration.raw_error()
         if self._metrics is not None:
             self._metrics[2].set(error)
@@ -104,11 +104,11 @@ def _metrics():
     global _METRICS
     if _METRICS is None:
         _METRICS = (
-            Histogram("vllm_dartree:budget_nodes", "adaptive budget: nodes chosen for a "
+            Histogram("vllm_dartree:budget_nodes", "adaptive verification: nodes chosen for a "
                       "request in a step", buckets=NODE_BUCKETS),
-            Histogram("vllm_dartree:budget_width", "adaptive budget: width of the pruned "
+            Histogram("vllm_dartree:budget_width", "adaptive verification: width of the pruned "
                       "tree per drafted step", buckets=WIDTH_BUCKETS),
-            Gauge("vllm_dartree:budget_calibration", "adaptive budget: mean relative error "
+            Gauge("vllm_dartree:budget_calibration", "adaptive verification: mean relative error "
                   "of the calibrated per-depth acceptance", multiprocess_mode="livemostrecent"),
         )
     return _METRICS

@@ -1,8 +1,8 @@
-"""Adaptive verify budget: how many drafted nodes the target verifies next step, and whose.
+"""Adaptive verification: how many drafted nodes the target verifies next step, and whose.
 
 A fixed tree suits one load only: where the target's rows are nearly free (a GPU at low
 concurrency) big trees pay; where every row costs real compute (a busy GPU, any CPU) the
-best tree is small or none. :class:`AdaptiveBudget` picks, every step, the number of nodes
+best tree is small or none. :class:`AdaptiveVerification` picks, every step, the number of nodes
 n across the whole batch that maximises expected emitted tokens per millisecond, and
 whether to draft at all:
 
@@ -26,39 +26,39 @@ The units, each with its rule in its docstring:
   SAMPLING_PLAIN) with transitions named after their rules;
 - ``outlook``: what recent trees would deliver at another batch size (the pause policy's
   tests);
-- ``policy``: :class:`AdaptiveBudget`, their composition, and the count rules that keep the
+- ``policy``: :class:`AdaptiveVerification`, their composition, and the count rules that keep the
   cost model told.
 
-Pure torch and numpy, no vLLM import; :meth:`AdaptiveBudget.choose` reads its choice back to
+Pure torch and numpy, no vLLM import; :meth:`AdaptiveVerification.choose` reads its choice back to
 the host once per step (vLLM's scheduler takes the draft counts as host lists anyway).
 """
 
-from vllm_dartree.tree.budget.acceptance import (
+from vllm_dartree.tree.adaptive.acceptance import (
     DeliveryRatio,
     DepthCalibration,
     depth_leaders,
     node_acceptance,
     with_confidence,
 )
-from vllm_dartree.tree.budget.cost import LinearCost, StepCostModel, nonnegative_least_squares
-from vllm_dartree.tree.budget.outlook import TreeOutlook
-from vllm_dartree.tree.budget.pause import (
+from vllm_dartree.tree.adaptive.cost import LinearCost, StepCostModel, nonnegative_least_squares
+from vllm_dartree.tree.adaptive.outlook import TreeOutlook
+from vllm_dartree.tree.adaptive.pause import (
     PLAIN_PROBE_STEPS,
     REQUIRED_GAIN,
     DraftingState,
     PausePolicy,
 )
-from vllm_dartree.tree.budget.policy import AdaptiveBudget, BudgetChoice
-from vllm_dartree.tree.budget.rates import MeasuredRates
-from vllm_dartree.tree.budget.selection import best_node_count, counts_of_top, priority_order
-from vllm_dartree.tree.budget.width import AutoWidth
+from vllm_dartree.tree.adaptive.policy import AdaptiveVerification, VerifyChoice
+from vllm_dartree.tree.adaptive.rates import MeasuredRates
+from vllm_dartree.tree.adaptive.selection import best_node_count, counts_of_top, priority_order
+from vllm_dartree.tree.adaptive.width import AutoWidth
 
 __all__ = [
     "PLAIN_PROBE_STEPS",
     "REQUIRED_GAIN",
-    "AdaptiveBudget",
+    "AdaptiveVerification",
     "AutoWidth",
-    "BudgetChoice",
+    "VerifyChoice",
     "DeliveryRatio",
     "DepthCalibration",
     "DraftingState",

@@ -1,4 +1,4 @@
-"""The adaptive budget (tree/budget/): acceptance, priority order, the allocation on
+"""Adaptive verification (tree/adaptive/): acceptance, priority order, the allocation on
 hand-made cost curves and probabilities, the cost fit and the calibration arithmetic."""
 
 import math
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_dartree.tree import DominoHead, DraftTree, build_tree, truncate
-from vllm_dartree.tree.budget import (
-    AdaptiveBudget,
+from vllm_dartree.tree.adaptive import (
+    AdaptiveVerification,
     AutoWidth,
     DepthCalibration,
     LinearCost,
@@ -168,7 +168,7 @@ def test_an_idle_gap_before_warmup_is_not_taken_for_cost():
 def test_the_fit_is_solved_when_read_and_screened_against_a_recent_solve(monkeypatch):
     """Observing alone (a pause in drafting) solves once per ``screen_lag`` samples, for the
     outlier screen; reading the coefficients solves whatever was added since."""
-    from vllm_dartree.tree.budget import cost as cost_module
+    from vllm_dartree.tree.adaptive import cost as cost_module
 
     solves = []
     solve = cost_module.nonnegative_least_squares
@@ -235,8 +235,8 @@ def test_calibration_counts_only_verified_nodes():
 
 
 # ---------------------------------------------------------------------- policy
-def trained_policy(ms_per_row: float, steps: int = 40) -> AdaptiveBudget:
-    policy = AdaptiveBudget(max_depth=5, device=torch.device("cpu"), probe_steps=0,
+def trained_policy(ms_per_row: float, steps: int = 40) -> AdaptiveVerification:
+    policy = AdaptiveVerification(max_depth=5, device=torch.device("cpu"), probe_steps=0,
                             probe_every=0)
     for i in range(steps):
         rows = 3 + (i * 7) % 36
@@ -261,17 +261,17 @@ def test_the_policy_chooses_no_tree_when_rows_cost_a_whole_step():
 
 
 def test_the_policy_probes_sizes_at_start_and_never_counts_padding():
-    policy = AdaptiveBudget(max_depth=3, device=torch.device("cpu"), probe_steps=2)
+    policy = AdaptiveVerification(max_depth=3, device=torch.device("cpu"), probe_steps=2)
     tree = hand_tree([(0, 0.9), (1, 0.45), (0, 0.3)], budget=6)
     first, second = policy.choose(tree), policy.choose(tree)
     assert first.counts == [3]  # everything real, none of the 3 padding columns
     assert second.counts == [0]
 
 
-def costly_drafting_policy(steps: int = 40) -> AdaptiveBudget:
+def costly_drafting_policy(steps: int = 40) -> AdaptiveVerification:
     """Drafting costs 10 ms per request and a row 30 ms: a drafted step's best tree (about
     5.7 tokens in 290 ms) loses to plain decoding (3 tokens in 110 ms)."""
-    policy = AdaptiveBudget(max_depth=5, device=torch.device("cpu"), probe_steps=0,
+    policy = AdaptiveVerification(max_depth=5, device=torch.device("cpu"), probe_steps=0,
                             probe_every=0, off_steps=2, max_off_steps=8)
     for i in range(steps):
         rows, drafted = 3 + (i * 7) % 36, i % 3 != 0
@@ -281,7 +281,7 @@ def costly_drafting_policy(steps: int = 40) -> AdaptiveBudget:
     return policy
 
 
-def pauses_after_drafted_steps(policy: AdaptiveBudget, tree: DraftTree, rounds: int,
+def pauses_after_drafted_steps(policy: AdaptiveVerification, tree: DraftTree, rounds: int,
                                after_choice=lambda: None) -> list[int]:
     """``rounds`` times: a drafted step choosing from ``tree`` at 3 requests, then the
     number of steps that do not draft before the next drafted probe."""
@@ -356,10 +356,10 @@ def test_a_growing_batch_stops_drafting_without_a_drafted_step_where_no_tree_pay
     assert policy.should_draft(1)  # back to one: a pause ends early where trees pay
 
 
-def step_cost_policy(ms_per_step: float) -> AdaptiveBudget:
+def step_cost_policy(ms_per_step: float) -> AdaptiveVerification:
     """Like :func:`costly_drafting_policy` with a fixed ``ms_per_step`` on top: the larger it
     is, the more a tree's extra tokens per step are worth."""
-    policy = AdaptiveBudget(max_depth=5, device=torch.device("cpu"), probe_steps=0,
+    policy = AdaptiveVerification(max_depth=5, device=torch.device("cpu"), probe_steps=0,
                             probe_every=0, off_steps=2, max_off_steps=8)
     for i in range(60):
         requests = 1 + i % 3
@@ -442,7 +442,7 @@ def test_steps_are_sorted_into_drafting_plain_and_neither():
     """Steady drafting: drafted after a drafted step (tokens = R + accepted nodes). Plain:
     no node verified and no drafting. A step that prefilled, or the first after a pause,
     is neither."""
-    policy, tree = AdaptiveBudget(max_depth=5, device=torch.device("cpu")), random_trees(5)
+    policy, tree = AdaptiveVerification(max_depth=5, device=torch.device("cpu")), random_trees(5)
 
     def step(drafted: bool, rows: int, nodes: int, ms: float, accepted: list[int] | None):
         policy.record_drafting(drafted, 1.0)
@@ -551,12 +551,12 @@ def test_the_auto_width_follows_the_largest_recent_count_within_its_bounds():
 
 def test_the_budget_hands_the_scheduled_counts_to_its_auto_width():
     auto = AutoWidth(max_width=6, budget=24, num_depths=8, window=1)
-    policy = AdaptiveBudget(8, torch.device("cpu"), auto_width=auto)
+    policy = AdaptiveVerification(8, torch.device("cpu"), auto_width=auto)
     policy.observe_scheduled([4, 2, 0])
     assert (auto.widths, auto.width) == ([3, 4, 6], 4)
     policy.observe_scheduled([1])
     assert auto.width == 3
-    AdaptiveBudget(8, torch.device("cpu")).observe_scheduled([5])  # no auto width: no-op
+    AdaptiveVerification(8, torch.device("cpu")).observe_scheduled([5])  # no auto width: no-op
 
 
 def test_a_narrower_width_keeps_the_nodes_a_smaller_budget_would_pick():

@@ -23,8 +23,8 @@ from collections import deque
 import numpy as np
 import torch
 
-from vllm_dartree.tree.budget.cost import StepCostModel
-from vllm_dartree.tree.budget.pause import REQUIRED_GAIN
+from vllm_dartree.tree.adaptive.cost import StepCostModel
+from vllm_dartree.tree.adaptive.pause import REQUIRED_GAIN
 
 
 class TreeOutlook:

@@ -14,9 +14,9 @@ class AutoWidth:
 
     n_r: the nodes scheduled for request r in a step; B nodes per tree, D depths, W_max the
     widest allowed. A selection of n nodes holds at most n nodes of any one depth, and
-    within a depth the budget ranks nodes by path score, as the pruned tree's per-depth
+    within a depth the policy ranks nodes by path score, as the pruned tree's per-depth
     top-W does; so a width of at least n keeps (up to the calibration's per-depth caps)
-    every node the budget would pick, while the correction head scores W * K candidates per
+    every node the policy would pick, while the correction head scores W * K candidates per
     request and depth.
 
     The window keeps the width up while some recent step used it (one step's count says

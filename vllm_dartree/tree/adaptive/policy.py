@@ -1,5 +1,5 @@
-"""The adaptive budget: the units of this package composed into the policy the engine asks
-each step (:class:`AdaptiveBudget`)."""
+"""Adaptive verification: the units of this package composed into the policy the engine asks
+each step (:class:`AdaptiveVerification`)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vllm_dartree.tree.budget.acceptance import DeliveryRatio, DepthCalibration, node_acceptance
-from vllm_dartree.tree.budget.cost import StepCostModel
-from vllm_dartree.tree.budget.outlook import TreeOutlook
-from vllm_dartree.tree.budget.pause import PausePolicy
-from vllm_dartree.tree.budget.rates import MeasuredRates
-from vllm_dartree.tree.budget.selection import best_node_count, counts_of_top, priority_order
-from vllm_dartree.tree.budget.width import AutoWidth
+from vllm_dartree.tree.adaptive.acceptance import DeliveryRatio, DepthCalibration, node_acceptance
+from vllm_dartree.tree.adaptive.cost import StepCostModel
+from vllm_dartree.tree.adaptive.outlook import TreeOutlook
+from vllm_dartree.tree.adaptive.pause import PausePolicy
+from vllm_dartree.tree.adaptive.rates import MeasuredRates
+from vllm_dartree.tree.adaptive.selection import best_node_count, counts_of_top, priority_order
+from vllm_dartree.tree.adaptive.width import AutoWidth
 from vllm_dartree.tree.types import DraftTree
 
 
 @dataclass
-class BudgetChoice:
+class VerifyChoice:
     """One step's choice: the trees in priority order and the nodes to verify of each."""
 
     tree: DraftTree  # [R, B], columns in priority order (any prefix is a subtree)
@@ -30,14 +30,14 @@ class BudgetChoice:
 
 @dataclass
 class ProposerStep:
-    """What the current step's proposer did (:meth:`AdaptiveBudget.record_drafting`)."""
+    """What the current step's proposer did (:meth:`AdaptiveVerification.record_drafting`)."""
 
     drafted: bool = False
     draft_ms: float = 0.0  # its time, less the context written for earlier steps
     set_aside_ms: float = 0.0  # that context's time: a cost of the steps that held it
 
 
-class AdaptiveBudget:
+class AdaptiveVerification:
     """Each step's nodes and whether to draft, from the units of this package.
 
     Which nodes: the acceptance p of every node (:mod:`.acceptance`), the step times T(n)
@@ -154,7 +154,7 @@ class AdaptiveBudget:
             chosen = chosen.clamp(min=-(-total // 4))
         return chosen
 
-    def choose(self, tree: DraftTree) -> BudgetChoice:
+    def choose(self, tree: DraftTree) -> VerifyChoice:
         """The nodes to verify next step for every request of ``tree`` (one host read)."""
         acceptance = node_acceptance(tree, self.calibration.scale())
         ordered, acceptance = priority_order(tree, acceptance)
@@ -180,7 +180,7 @@ class AdaptiveBudget:
         self.steps += 1
         self._judge(num_requests, expected_host, nodes, host[num_requests + 2:])
         predicted = float(self.cost.predict(num_requests, nodes))
-        return BudgetChoice(ordered, counts_host, expected_host, predicted)
+        return VerifyChoice(ordered, counts_host, expected_host, predicted)
 
     def observe_scheduled(self, num_drafts: list[int]) -> None:
         """The draft counts vLLM scheduled for this step's requests (host, the same on every

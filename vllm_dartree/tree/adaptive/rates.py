@@ -18,7 +18,7 @@ class MeasuredRates:
     whose time spans an idle gap, are left out (:meth:`observe_step`). The cost model
     predicts what a step would cost, and can be wrong where it extrapolates (plain steps it
     rarely sees, costs that are not linear in rows); these say what steps did cost, so the
-    budget stops drafting when its trees delivered fewer tokens per ms than plain decoding
+    policy stops drafting when its trees delivered fewer tokens per ms than plain decoding
     at the same batch size, whatever the model predicts (``verdict``). A verdict against drafting holds
     at that batch size (``vetoed``) until a later one says drafting paid, even while the
     drafted sums it came from are measured afresh.
