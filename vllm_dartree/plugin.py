@@ -15,8 +15,8 @@ logger = logging.getLogger("vllm.dartree")
 
 
 def register() -> None:
-    from vllm_dartree.integration import activation
+    from vllm_dartree.integration import activation, gate
 
     activation.install_gate()
-    if os.environ.get(activation.ACTIVE_ENV) == "1":
+    if os.environ.get(gate.ACTIVE_ENV) == "1":
         activation.activate()

@@ -64,7 +64,7 @@ def _requested_by(model, *argv: str) -> dict | None:
     from vllm.plugins import load_general_plugins
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from vllm_dartree.integration.activation import requested_config
+    from vllm_dartree.integration.gate import requested_config
 
     load_general_plugins()
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import vllm_dartree
-from vllm_dartree.integration import activation
+from vllm_dartree.integration import activation, gate
 from vllm_dartree.integration.patching import AppliedAt, Runner, check_vllm_version
 
 
@@ -161,14 +161,14 @@ def test_on_vllm_0_34_dartree_is_a_registered_method_and_no_v1_glue_applies(monk
     registry.register_speculative_method = lambda name, config_cls: calls.append(
         (name, config_cls))
     monkeypatch.setitem(sys.modules, "stand_in_registry", registry)
-    monkeypatch.setattr(activation.MethodRegistration, "registry", "stand_in_registry")
+    monkeypatch.setattr(gate.MethodRegistration, "registry", "stand_in_registry")
     monkeypatch.setattr(vllm, "__version__", "0.34.0")
-    assert activation.MethodRegistration.applies_here()
-    activation.MethodRegistration.apply()
+    assert gate.MethodRegistration.applies_here()
+    gate.MethodRegistration.apply()
     try:
-        assert calls == [("dartree", activation.MethodRegistration.config_path)]
+        assert calls == [("dartree", gate.MethodRegistration.config_path)]
     finally:
-        activation.MethodRegistration.revert()
+        gate.MethodRegistration.revert()
     patches = activation.patches_at(AppliedAt.DARTREE_REQUESTED)
     assert {t.__name__ for t in patches} == {
         "ActiveInEngineProcesses", "DrafterArchitecture", "DSparkDrafterArchitecture",
@@ -182,7 +182,7 @@ def test_on_vllm_0_34_dartree_is_a_registered_method_and_no_v1_glue_applies(monk
     assert [t.__name__ for t in activation.patches_at(AppliedAt.PLUGIN_LOAD)] == [
         "SpeculativeConfigGate", "SpecMethodChoice", "MethodRegistration"]
     # The registered config names our V2 speculator (read as text: it imports 0.34 only).
-    module, _, cls = activation.MethodRegistration.config_path.rpartition(".")
+    module, _, cls = gate.MethodRegistration.config_path.rpartition(".")
     source = Path(vllm_dartree.__file__).parent.joinpath(
         *module.split(".")[1:]).with_suffix(".py").read_text()
     (config,) = [n for n in ast.walk(ast.parse(source))

@@ -287,22 +287,22 @@ def test_platform_gate(monkeypatch):
     from vllm.platforms import current_platform
 
     from vllm_dartree.config import DARTreeConfigError
-    from vllm_dartree.integration import activation
+    from vllm_dartree.integration import refusals, speculative_config
 
     tree = SimpleNamespace(tree="pruned")
-    activation.refuse_unverifiable_platform(tree)  # CPU
+    refusals.refuse_unverifiable_platform(tree)  # CPU
     monkeypatch.setattr(current_platform, "is_cpu", lambda: False)
     monkeypatch.setattr(current_platform, "is_cuda", lambda: True)
-    activation.refuse_unverifiable_platform(tree)
+    refusals.refuse_unverifiable_platform(tree)
     args = engine_args()
-    activation.select_tree_attention_backend(tree, args)
+    speculative_config.select_tree_attention_backend(tree, args)
     assert args.attention_backend.name == "TRITON_ATTN"
     chain_args = engine_args(backend="FLASH_ATTN")  # a chain needs no tree mask: left alone
-    activation.select_tree_attention_backend(SimpleNamespace(tree="chain"), chain_args)
+    speculative_config.select_tree_attention_backend(SimpleNamespace(tree="chain"), chain_args)
     monkeypatch.setattr(current_platform, "is_cuda", lambda: False)  # e.g. ROCm
     with pytest.raises(DARTreeConfigError, match="'tree' = 'pruned' needs tree attention"):
-        activation.refuse_unverifiable_platform(tree)
-    activation.refuse_unverifiable_platform(SimpleNamespace(tree="chain"))
+        refusals.refuse_unverifiable_platform(tree)
+    refusals.refuse_unverifiable_platform(SimpleNamespace(tree="chain"))
 
 
 def test_registration_points_triton_attn_at_the_subclass():

@@ -129,7 +129,7 @@ def test_vllms_conversion_drops_block_size_and_the_engine_sets_it_back(name):
     reads as the checkpoint."""
     from vllm.transformers_utils.configs.speculators import SpeculatorsConfig
 
-    from vllm_dartree.integration.activation import set_speculators_keys
+    from vllm_dartree.integration.speculative_config import set_speculators_keys
 
     folder = write(ROW[name])
     converted = SpeculatorsConfig.from_pretrained(str(folder))

@@ -156,3 +156,53 @@ def refuse_layer(impl: Any, backend: str) -> None:
         raise DARTreeConfigError(
             f"the target's attention layers use {', '.join(features)}, which dartree's "
             f"{backend} tree attention does not support; {SUPPORTED_TEXT}")
+
+
+def refuse_unverifiable_platform(config) -> None:
+    """Trees need an ancestor mask in the target's attention. This build has it for vLLM's
+    CPU backend and for its Triton backend on CUDA; a chain needs no mask (causal attention
+    is exact for it)."""
+    from vllm.platforms import current_platform
+
+    from vllm_dartree.config import DARTreeConfigError
+
+    if config.tree != "chain" and not (current_platform.is_cpu() or current_platform.is_cuda()):
+        raise DARTreeConfigError(
+            f"speculative_config key 'tree' = {config.tree!r} needs tree attention, which this "
+            f"build of vllm-dartree provides for vLLM's CPU backend and its Triton backend on "
+            f"CUDA only (platform: {current_platform.device_name}); use tree 'chain' here, or "
+            "one of those backends"
+        )
+
+
+def check_drafter(config, draft_hf_config, target_model_config, parallel_config):
+    """Drafter/target/settings mismatches, reported before any weight is loaded; returns
+    the drafter's layout."""
+    from vllm_dartree.config import DARTreeConfigError
+    from vllm_dartree.integration.drafter_model import read_layout
+
+    layout = read_layout(
+        draft_hf_config,
+        target_vocab=target_model_config.get_vocab_size(),
+        target_hidden=target_model_config.get_hidden_size(),
+        target_layers=target_model_config.get_num_layers(parallel_config),
+    )
+    if config.correction and not (layout.has_head or layout.has_lattice):
+        raise DARTreeConfigError(
+            f"speculative_config key 'correction' = True needs a drafter with a correction "
+            f"head (Domino or DSpark) or its own lattice (DFlash2, LiLiCorr); {config.model} is "
+            "a DFlash checkpoint without one (set correction to false or use such a drafter)"
+        )
+    if layout.has_lattice and config.user_set("top_k") and config.top_k != layout.lattice_top_k:
+        raise DARTreeConfigError(
+            f"speculative_config key 'top_k' = {config.top_k} does not apply to {config.model}: "
+            f"a {layout.lattice} drafter scores its own {layout.lattice_top_k} candidates per "
+            f"depth (leave top_k unset, or set it to {layout.lattice_top_k})"
+        )
+    # The default K is capped at the vocabulary; a K the user chose must fit it.
+    if config.user_set("top_k") and config.top_k > target_model_config.get_vocab_size():
+        raise DARTreeConfigError(
+            f"speculative_config key 'top_k' = {config.top_k} exceeds the vocabulary size "
+            f"{target_model_config.get_vocab_size()}"
+        )
+    return layout

@@ -302,7 +302,7 @@ NAMES: tuple[VllmName, ...] = _names(
              use="the ModelRunnerOutput that get_output() returns, drafts attached"),
     V1Name(f"{RUNNER}._get_eagle3_aux_layers_from_config", ("self",), exact=True,
              use="reads a drafter's target layers from dflash_config only "
-                 "(activation.expose_target_layers copies DSpark's there)"),
+                 "(speculative_config.expose_target_layers copies DSpark's there)"),
     V1Name(f"{RUNNER}.input_batch"),
     V1Name(f"{RUNNER}.requests"),
     V1Name(f"{RUNNER}.device"),

@@ -108,7 +108,7 @@ class TreeDrafting:
         self.same_on_every_rank = same_on_every_rank
         self.tree_step: TreeStep | None = None  # the engine's step, set by the adapter
         self.settings: DARTreeConfig = carried_settings(vllm_config.speculative_config)
-        # Read and checked at config time (activation.check_drafter).
+        # Read and checked at config time (refusals.check_drafter).
         self.layout: DrafterLayout = carried_layout(vllm_config.speculative_config)
         corrects = self.layout.has_head or self.layout.has_lattice
         self.use_correction = (corrects if self.settings.correction is None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 
-from vllm_dartree.config import DARTreeConfigError, is_dartree_engine
+from vllm_dartree.config import DARTreeConfigError, carried_layout, is_dartree_engine
 from vllm_dartree.integration.patching import ModuleGlobalSwap, Runner, VllmPatch
 from vllm_dartree.integration.refusals import SUPPORTED_TEXT
 from vllm_dartree.integration.touchpoints import V1_RELEASES
@@ -216,6 +216,34 @@ class DrafterFitsPerRequest(V1RunnerPatch):
             return common_attn_metadata is not None
 
         return _input_fits_in_drafter
+
+
+class DrafterBlockLookahead(VllmPatch):
+    """V1: reserve KV slots for the drafter's whole query block (V2's query is cut to
+    1 + query_slots <= B + 1 rows, inside what vLLM reserves for DFlash).
+
+    vLLM reserves ``num_speculative_tokens + 1`` slots past the scheduled tokens for a
+    DFlash drafter, which queries that many. Ours queries the checkpoint's block (16) for
+    any budget B; with B < block - 1 the last queries would write K/V into block-table
+    entries the request does not own (stale ids of a row's earlier request, i.e. another
+    request's drafter cache). The scheduler and the warmup read this property.
+
+    V1 only, by design: on V2 (the only runner of 0.34, where this would be the method
+    config's ``num_lookahead_tokens``) the query never exceeds what vLLM reserves."""
+
+    target = "vllm.config.vllm:VllmConfig"
+    attribute = "num_lookahead_tokens"
+    releases = V1_RELEASES
+    runner = Runner.V1
+
+    @classmethod
+    def replacement(cls, original):
+        def num_lookahead_tokens(self) -> int:
+            reserved = original.fget(self)
+            layout = carried_layout(getattr(self, "speculative_config", None))
+            return reserved if layout is None else max(reserved, layout.block_size)
+
+        return property(num_lookahead_tokens, doc=original.__doc__)
 
 
 RUNNER_PATCHES = (ProposerSwap, VerifyLayout, DepthPositions, TreeSampler,

@@ -1,6 +1,6 @@
 """vLLM 0.34+: "dartree" as a registered speculative method (vLLM's custom-speculator API).
 
-``activation.MethodRegistration`` registers :class:`DARTreeSpeculatorConfig` at plugin load
+``gate.MethodRegistration`` registers :class:`DARTreeSpeculatorConfig` at plugin load
 in every process. vLLM then moves ``method="dartree"`` to ``custom_method``, sets ``method``
 to this config's base method ("dflash": the drafter's config, its KV cache and the target's
 aux hidden states are DFlash's) and builds ``speculator_class``. The dartree settings are
