@@ -53,6 +53,18 @@ NUM_SCHEDULED = np.array([7, 7, 4, 5, 1])
 CHAIN_TOKENS = {"r3": [11, 12, 13, 14]}
 
 
+def accept(step: TreeStep, logits: torch.Tensor, sampling, max_spec_len: int):
+    """What V1's glue does: (sampled, paths) from the tree verifier's target choice."""
+    return step.accept_with(lambda plan: step.verifier.target_choice(logits, plan, sampling),
+                            max_spec_len + 1)
+
+
+def draft_context(step: TreeStep, hidden: torch.Tensor) -> torch.Tensor:
+    """What both runners' drafters do: the accepted paths' rows first."""
+    order = step.accepted_order(hidden.shape[0])
+    return hidden if order is None else hidden[order]
+
+
 def make_step(gen: torch.Generator):
     moves = []
     step = TreeStep(BUDGET, torch.device("cpu"), TreeVerifier(),
@@ -164,7 +176,7 @@ def test_a_whole_step_against_naive_walks(seed):
                 choice[row] = kids[int(torch.randint(0, len(kids), (), generator=gen))]
     logits = torch.nn.functional.one_hot(choice, VOCAB).float()
     greedy = SimpleNamespace(all_greedy=True)
-    sampled, _ = step.accept(logits, greedy, max_spec_len=6)
+    sampled, _ = accept(step, logits, greedy, max_spec_len=6)
 
     (accepted, kv), = moves
     assert kv == "the layers"
@@ -193,7 +205,7 @@ def test_a_whole_step_against_naive_walks(seed):
 
     # The drafter's context: each segment's path first, then the rest in order.
     hidden = torch.arange(num_rows, dtype=torch.float32).unsqueeze(1)
-    reordered = step.draft_context(hidden)[:, 0].long().tolist()
+    reordered = draft_context(step, hidden)[:, 0].long().tolist()
     expected = list(range(num_rows))
     for t, req in enumerate(plan.req_ids):
         root, node_rows, _ = layout[req]
@@ -201,7 +213,7 @@ def test_a_whole_step_against_naive_walks(seed):
         segment = [root, *node_rows]
         expected[root : root + len(segment)] = path + [r for r in segment if r not in path]
     assert reordered == expected
-    assert torch.equal(step.draft_context(hidden), hidden)  # consumed: no second reorder
+    assert torch.equal(draft_context(step, hidden), hidden)  # consumed: no second reorder
 
 
 def test_a_step_without_tree_verification_clears_the_step_state():
@@ -209,14 +221,14 @@ def test_a_step_without_tree_verification_clears_the_step_state():
     step, _, moves = make_step(gen)
     step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, CHAIN_TOKENS, verify_as_chain=False)
     logits = torch.zeros(18, VOCAB)
-    step.accept(logits, SimpleNamespace(all_greedy=True), max_spec_len=6)
+    accept(step, logits, SimpleNamespace(all_greedy=True), max_spec_len=6)
     assert moves  # accepted paths are waiting for the drafter's context
     # vLLM skipped drafting (near max_model_len): the next step verifies nothing ...
     assert step.plan(REQ_IDS, None, NUM_SCHEDULED, {}, verify_as_chain=False) is None
-    assert step.accept(logits, SimpleNamespace(all_greedy=True), 6) is None
+    assert accept(step, logits, SimpleNamespace(all_greedy=True), 6) is None
     # ... and a later propose must not reorder its hidden states with that step's rows.
     hidden = torch.randn(24, 3)
-    assert torch.equal(step.draft_context(hidden), hidden)
+    assert torch.equal(draft_context(step, hidden), hidden)
 
 
 def test_a_proposal_is_only_verified_by_the_next_step():
@@ -242,7 +254,7 @@ def test_a_step_where_no_request_drafted_runs_as_plain_decoding():
     with step.target_forward(positions, lambda: None) as active:
         assert active is None and tree_context.active_plan() is None
     assert torch.equal(positions, torch.arange(len(REQ_IDS)))
-    assert step.accept(torch.zeros(len(REQ_IDS), VOCAB), SimpleNamespace(all_greedy=True),
+    assert accept(step, torch.zeros(len(REQ_IDS), VOCAB), SimpleNamespace(all_greedy=True),
                        0) is None
     assert not moves
     # The step-1 trees are not verified by the step after either: it verifies vLLM's tokens.
@@ -258,7 +270,7 @@ def test_batches_that_read_the_drafted_prefix_are_left_to_vllm():
     positions = torch.arange(24)
     with step.target_forward(positions, lambda: None) as active:
         assert active is None and tree_context.active_plan() is None
-    assert step.accept(torch.zeros(18, VOCAB), SimpleNamespace(all_greedy=True), 6) is None
+    assert accept(step, torch.zeros(18, VOCAB), SimpleNamespace(all_greedy=True), 6) is None
 
 
 def sampling_of(batch: int, seed: int) -> SimpleNamespace:
@@ -289,8 +301,8 @@ def test_no_host_sync_in_a_tree_step():
             step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, CHAIN_TOKENS, False)
             with step.target_forward(torch.arange(24), lambda: None):
                 pass
-            step.accept(logits, sampling, max_spec_len=6)
-            step.draft_context(torch.randn(24, 16))
+            accept(step, logits, sampling, max_spec_len=6)
+            draft_context(step, torch.randn(24, 16))
             for variant in ("pruned", "fixed", "chain", "ddtree"):
                 tree = build_tree(variant, base_logits, hidden, torch.arange(5), head,
                                   budget=BUDGET, top_k=8, width=3)

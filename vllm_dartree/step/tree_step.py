@@ -10,10 +10,8 @@ depth positions        ``_model_forward`` (around)    ``model_state.prepare_inpu
                                                                                     ``verify_plan.write_depth_positions``
 tree attention         each attention layer           each attention layer          ``cpu_attention`` /
                                                                                     ``gpu_attention`` (``tree_context``)
-accept, KV compaction  ``_sample`` (instead)          ``rejection_sampler(...)``    :meth:`~TreeStep.accept` /
-                                                                                    :meth:`~TreeStep.accept_with`
-drafter context        ``drafter.propose``            ``speculator.propose``        :meth:`~TreeStep.draft_context` /
-                                                                                    :meth:`~TreeStep.accepted_order`
+accept, KV compaction  ``_sample`` (instead)          ``rejection_sampler(...)``    :meth:`~TreeStep.accept_with`
+drafter context        ``drafter.propose``            ``speculator.propose``        :meth:`~TreeStep.accepted_order`
 draft, tree build      ``drafter.propose``            ``speculator.propose``        ``drafting.TreeDrafting``
 hand the trees over    ``drafter.propose``            ``speculator.propose``        :meth:`TreeStep.hand_over`
 =====================  =============================  ============================  =========================
@@ -171,24 +169,11 @@ class TreeStep:
         return self._plan
 
     # ---- phase 3: accept and compact, in place of vLLM's sampler ------------------------
-    def accept(self, logits: torch.Tensor, sampling: Any, max_spec_len: int,
-               as_target_only: Callable[[torch.Tensor, VerifyPlan], torch.Tensor] | None
-               = None) -> tuple[torch.Tensor, AcceptedPaths] | None:
-        """V1: (sampled token ids [R, max_spec_len + 1] (vLLM's sampler contract), accepted
-        paths) of a tree step, or None when this step has no plan (vLLM's own sampler
-        runs). ``as_target_only(logits, plan)``: the logits rows with the sampling
-        parameters target-only applies before temperature, top-k and top-p."""
-
-        def choose(plan: VerifyPlan) -> torch.Tensor:
-            rows = logits if as_target_only is None else as_target_only(logits, plan)
-            return self.verifier.target_choice(rows, plan, sampling)
-
-        return self.accept_with(choose, max_spec_len + 1)
-
     def accept_with(self, choose: Callable[[VerifyPlan], torch.Tensor], columns: int
                     ) -> tuple[torch.Tensor, AcceptedPaths] | None:
         """(sampled token ids [R, columns], accepted paths) of a tree step, ``choose(plan)``
-        being the target's token at every logits row; None without a plan."""
+        being the target's token at every logits row (V1: ``verifier.target_choice``; V2:
+        vLLM's sampler); None without a plan."""
         plan, self._plan = self._plan, None
         kv_caches, self._kv_caches = self._kv_caches, None
         if plan is None:
@@ -207,12 +192,6 @@ class TreeStep:
         return sampled, self._accepted
 
     # ---- phase 4: the drafter's next context --------------------------------------------
-    def draft_context(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """The target's hidden states with each accepted path's rows first, in path order
-        (what the drafter conditions on); unchanged after a step without a tree."""
-        order = self.accepted_order(hidden_states.shape[0])
-        return hidden_states if order is None else hidden_states[order]
-
     def accepted_order(self, num_rows: int) -> torch.Tensor | None:
         """The permutation of the step's ``num_rows`` token rows that puts each accepted
         path first (``verify_plan.accepted_row_order``); None after a step without a tree.

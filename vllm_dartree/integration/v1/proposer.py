@@ -76,7 +76,9 @@ class DARTreeProposer(DFlashProposer, TreeDrafting):
                 common_attn_metadata, sampling_metadata, mm_embed_inputs=None,
                 num_rejected_tokens_gpu=None, slot_mappings=None) -> torch.Tensor:
         started = time.perf_counter()
-        target_hidden_states = self.tree_step.draft_context(target_hidden_states)
+        order = self.tree_step.accepted_order(target_hidden_states.shape[0])
+        if order is not None:  # each accepted path's rows first, in path order
+            target_hidden_states = target_hidden_states[order]
         if not self.drafts_this_step(next_token_ids.shape[0]):
             # Context only: the committed tokens' K/V are owed to the drafter's cache (the
             # next drafted step writes them), no block is queried, and the next step

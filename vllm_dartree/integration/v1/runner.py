@@ -180,10 +180,13 @@ class TreeSampler(V1RunnerPatch):
             by_vllm = original(self, logits, spec_decode_metadata) if chains else None
             self.input_batch.update_async_output_token_ids()
             sampling = self.input_batch.sampling_metadata
-            sampled, paths = step.accept(
-                logits, sampling, spec_decode_metadata.max_spec_len,
-                lambda rows, plan: tree_rows_as_target_only(
-                    rows, sampling, spec_decode_metadata.num_draft_tokens, plan))
+
+            def choose(plan):  # the target's token at every row, its sampling applied
+                rows = tree_rows_as_target_only(logits, sampling,
+                                                spec_decode_metadata.num_draft_tokens, plan)
+                return step.verifier.target_choice(rows, plan, sampling)
+
+            sampled, paths = step.accept_with(choose, spec_decode_metadata.max_spec_len + 1)
             logprobs = tree_logprobs(self.sampler, logits, sampling.max_num_logprobs,
                                      sampled, paths)
             if by_vllm is None:
