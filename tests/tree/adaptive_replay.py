@@ -116,7 +116,7 @@ def constant(requests: int) -> Callable[[int], int]:
 
 RUNS = (
     Run("small back-off", seed=1, budget=16, depths=5,
-        policy={"probe_steps": 5, "probe_every": 40, "off_steps": 2, "max_off_steps": 32,
+        policy={"start_up_steps": 5, "excursion_every": 40, "off_steps": 2, "max_off_steps": 32,
                 "plain_every": 16},
         width={"max_width": 8, "window": 8},
         phases=(

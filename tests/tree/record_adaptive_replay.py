@@ -48,12 +48,12 @@ def watch_public_calls(policy: AdaptiveVerification, fired: Counter) -> None:
         return drafts
 
     def watched_choose(tree):
-        if policy.steps < policy.probe_steps:
+        if policy.steps < policy.start_up_steps:
             fired["start-up count"] += 1
-        elif policy.probe_every and policy.steps % policy.probe_every == 0:
-            more = policy.steps // policy.probe_every % 2
+        elif policy.excursion_every and policy.steps % policy.excursion_every == 0:
+            more = policy.steps // policy.excursion_every % 2
             fired["probe count: n* and a quarter more" if more else "probe count: none"] += 1
-        if policy.steps >= policy.probe_steps and policy.cost.tree_steps < policy.trusted_after:
+        if policy.steps >= policy.start_up_steps and policy.cost.tree_steps < policy.trusted_after:
             fired["young fit: a quarter at least"] += 1
         return watched(choose, tree)
 

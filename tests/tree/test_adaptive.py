@@ -236,8 +236,8 @@ def test_calibration_counts_only_verified_nodes():
 
 # ---------------------------------------------------------------------- policy
 def trained_policy(ms_per_row: float, steps: int = 40) -> AdaptiveVerification:
-    policy = AdaptiveVerification(max_depth=5, device=torch.device("cpu"), probe_steps=0,
-                            probe_every=0)
+    policy = AdaptiveVerification(max_depth=5, device=torch.device("cpu"), start_up_steps=0,
+                            excursion_every=0)
     for i in range(steps):
         rows = 3 + (i * 7) % 36
         draft_ms = 5.0 * 3
@@ -261,7 +261,7 @@ def test_the_policy_chooses_no_tree_when_rows_cost_a_whole_step():
 
 
 def test_the_policy_probes_sizes_at_start_and_never_counts_padding():
-    policy = AdaptiveVerification(max_depth=3, device=torch.device("cpu"), probe_steps=2)
+    policy = AdaptiveVerification(max_depth=3, device=torch.device("cpu"), start_up_steps=2)
     tree = hand_tree([(0, 0.9), (1, 0.45), (0, 0.3)], budget=6)
     first, second = policy.choose(tree), policy.choose(tree)
     assert first.counts == [3]  # everything real, none of the 3 padding columns
@@ -271,8 +271,8 @@ def test_the_policy_probes_sizes_at_start_and_never_counts_padding():
 def costly_drafting_policy(steps: int = 40) -> AdaptiveVerification:
     """Drafting costs 10 ms per request and a row 30 ms: a drafted step's best tree (about
     5.7 tokens in 290 ms) loses to plain decoding (3 tokens in 110 ms)."""
-    policy = AdaptiveVerification(max_depth=5, device=torch.device("cpu"), probe_steps=0,
-                            probe_every=0, off_steps=2, max_off_steps=8)
+    policy = AdaptiveVerification(max_depth=5, device=torch.device("cpu"), start_up_steps=0,
+                            excursion_every=0, off_steps=2, max_off_steps=8)
     for i in range(steps):
         rows, drafted = 3 + (i * 7) % 36, i % 3 != 0
         draft_ms = 10.0 * 3 if drafted else 1.0
@@ -359,8 +359,8 @@ def test_a_growing_batch_stops_drafting_without_a_drafted_step_where_no_tree_pay
 def step_cost_policy(ms_per_step: float) -> AdaptiveVerification:
     """Like :func:`costly_drafting_policy` with a fixed ``ms_per_step`` on top: the larger it
     is, the more a tree's extra tokens per step are worth."""
-    policy = AdaptiveVerification(max_depth=5, device=torch.device("cpu"), probe_steps=0,
-                            probe_every=0, off_steps=2, max_off_steps=8)
+    policy = AdaptiveVerification(max_depth=5, device=torch.device("cpu"), start_up_steps=0,
+                            excursion_every=0, off_steps=2, max_off_steps=8)
     for i in range(60):
         requests = 1 + i % 3
         drafted, nodes = i % 4 != 0, (i * 5) % (4 * requests)

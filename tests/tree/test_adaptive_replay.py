@@ -21,7 +21,7 @@ MECHANISMS = {
     "pause over", "batch shrank",  # a pause ends after its back-off, or early
     "approved", "approved under veto",  # a drafted step judged worth it
     "back-off doubled", "back-off reset", "probe at the largest back-off",
-    "start-up sample", "plain probe", "plain sampled",  # steps without drafting that measure
+    "start-up sample", "plain sampling", "plain sampled",  # steps without drafting that measure
     "start-up count", "probe count: n* and a quarter more", "probe count: none",
     "young fit: a quarter at least",
     "width changed", "idle gap left out", "no node chosen", "drafted after a pause",

@@ -1,7 +1,7 @@
 """The pause/probe state machine (tree/adaptive/pause.py) on its own: each transition, its
 rule, and which tests a rule asks."""
 
-from vllm_dartree.tree.adaptive import PLAIN_PROBE_STEPS, DraftingState, PausePolicy
+from vllm_dartree.tree.adaptive import PLAIN_SAMPLE_STEPS, DraftingState, PausePolicy
 
 PROBING, DRAFTING, PAUSED, SAMPLING_PLAIN = (DraftingState.PROBING, DraftingState.DRAFTING,
                                              DraftingState.PAUSED, DraftingState.SAMPLING_PLAIN)
@@ -85,10 +85,10 @@ def test_plain_probes_and_start_up_samples_keep_the_rate():
     assert policy.state is PROBING
     judge(policy, rate=0.2, plain_due=True)
     assert policy.state is SAMPLING_PLAIN
-    assert steps_until_drafting(policy) == PLAIN_PROBE_STEPS
+    assert steps_until_drafting(policy) == PLAIN_SAMPLE_STEPS
     assert policy.state is DRAFTING and policy.rate == 0.2
     assert policy.fired == {"start-up sample": 1, "plain sampled": 2, "approved": 1,
-                            "plain probe": 1}
+                            "plain sampling": 1}
 
 
 def test_a_pause_ends_early_only_where_the_batch_shrank_and_the_last_tree_pays():

@@ -26,8 +26,11 @@ The units, each with its rule in its docstring:
   SAMPLING_PLAIN) with transitions named after their rules;
 - ``outlook``: what recent trees would deliver at another batch size (the pause policy's
   tests);
-- ``policy``: :class:`AdaptiveVerification`, their composition, and the count rules that keep the
-  cost model told.
+- ``policy``: :class:`AdaptiveVerification`, their composition, and the count rules that keep
+  the cost model told (the start-up cycle, the periodic count excursions, the floor).
+
+"Probe" means one thing here: the single drafted step that ends a pause (PROBING); a
+pause's plain steps that measure plain decoding are "plain sampling".
 
 Pure torch and numpy, no vLLM import; :meth:`AdaptiveVerification.choose` reads its choice back to
 the host once per step (vLLM's scheduler takes the draft counts as host lists anyway).
@@ -43,7 +46,7 @@ from vllm_dartree.tree.adaptive.acceptance import (
 from vllm_dartree.tree.adaptive.cost import LinearCost, StepCostModel, nonnegative_least_squares
 from vllm_dartree.tree.adaptive.outlook import TreeOutlook
 from vllm_dartree.tree.adaptive.pause import (
-    PLAIN_PROBE_STEPS,
+    PLAIN_SAMPLE_STEPS,
     REQUIRED_GAIN,
     DraftingState,
     PausePolicy,
@@ -54,7 +57,7 @@ from vllm_dartree.tree.adaptive.selection import best_node_count, counts_of_top,
 from vllm_dartree.tree.adaptive.width import AutoWidth
 
 __all__ = [
-    "PLAIN_PROBE_STEPS",
+    "PLAIN_SAMPLE_STEPS",
     "REQUIRED_GAIN",
     "AdaptiveVerification",
     "AutoWidth",

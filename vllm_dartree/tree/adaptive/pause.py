@@ -26,7 +26,7 @@ After a drafted step (:meth:`PausePolicy.start_up`, :meth:`PausePolicy.judge`):
                                                                  and no measured verdict against
     "approved under veto" -> DRAFTING, back-off kept             the same, where the last
                                                                  measured verdict at R was against
-    "plain probe"         -> SAMPLING_PLAIN, PLAIN_PROBE_STEPS   approved, on a due step (every
+    "plain sampling"         -> SAMPLING_PLAIN, PLAIN_SAMPLE_STEPS   approved, on a due step (every
                                                                  plain_every-th drafted step while
                                                                  plain decoding at R lacks samples)
     "not paying"          -> PAUSED                              rate < REQUIRED_GAIN * R / T0
@@ -64,7 +64,7 @@ from enum import Enum
 REQUIRED_GAIN = 1.05
 # Steps without drafting that measure plain decoding: the first verifies the last tree, the
 # next ones are plain steps (MeasuredRates needs min_off of them).
-PLAIN_PROBE_STEPS = 3
+PLAIN_SAMPLE_STEPS = 3
 # During start-up, the step after every this many drafted steps does not draft.
 START_UP_PLAIN_EVERY = 5
 
@@ -121,7 +121,7 @@ class PausePolicy:
               vetoed: bool, plain_due: bool) -> None:
         """A drafted step promised ``rate`` tokens per ms (x of the module docstring), plain
         decoding ``requests / plain_ms``; ``verdict``, ``vetoed``: the measured rates' at
-        ``requests``; ``plain_due``: a plain probe is due."""
+        ``requests``; ``plain_due``: a plain sampling is due."""
         self.rate = rate if self.rate is None else (
             self.rate_smoothing * self.rate + (1 - self.rate_smoothing) * rate)
         if not (self.rate >= REQUIRED_GAIN * requests / plain_ms and verdict is not False):
@@ -133,7 +133,7 @@ class PausePolicy:
         if not self.left:
             self.state = DraftingState.DRAFTING
         if plain_due:
-            self._sample_plain("plain probe", PLAIN_PROBE_STEPS)
+            self._sample_plain("plain sampling", PLAIN_SAMPLE_STEPS)
 
     def _pause(self, rule: str, requests: int) -> None:
         self.fired[rule] += 1

@@ -42,19 +42,19 @@ class AdaptiveVerification:
 
     Which nodes: the acceptance p of every node (:mod:`.acceptance`), the step times T(n)
     (:class:`StepCostModel`), their best count n* and its split over the requests
-    (:mod:`.selection`). The count verified, with c = ``probe_steps``, e = ``probe_every``
-    and s the drafted steps so far:
+    (:mod:`.selection`). The count verified, with c = ``start_up_steps``,
+    e = ``excursion_every`` and s the drafted steps so far:
 
-        n = round(PROBE_FRACTIONS[s mod 5] * R * B)      s < c: a start-up cycle of sizes
-            n* + ceil(R * B / 4), at most R * B          s a multiple of e, s / e odd
-            0                                            s a multiple of e, s / e even
+        n = round(START_UP_FRACTIONS[s mod 5] * R * B)   s < c: the start-up cycle of sizes
+            n* + ceil(R * B / 4), at most R * B          s a multiple of e, s / e odd: an
+            0                                            s a multiple of e, s / e even: excursion
             n*                                           otherwise
         then n >= ceil(R * B / 4) while the cost model has seen fewer than
         ``trusted_after`` steps that verified a tree
 
     The cost model learns from the steps it sees, so the count varies on purpose (any count
-    is lossless, drafting or not): the start-up cycle and the periodic probes keep the
-    per-row, per-request and drafting costs told apart, and the floor keeps a young fit,
+    is lossless, drafting or not): the start-up cycle and the periodic count excursions keep
+    the per-row, per-request and drafting costs told apart, and the floor keeps a young fit,
     which can price a tree step absurdly and then choose no node, from never seeing the tree
     step that shows it wrong.
 
@@ -66,11 +66,11 @@ class AdaptiveVerification:
     block.
     """
 
-    PROBE_FRACTIONS = (1.0, 0.0, 0.5, 0.25, 0.75)
-    trusted_after = 32  # tree steps the cost model must have seen to rule probes out
+    START_UP_FRACTIONS = (1.0, 0.0, 0.5, 0.25, 0.75)
+    trusted_after = 32  # tree steps the cost model must have seen before the floor lifts
 
-    def __init__(self, max_depth: int, device: torch.device, probe_steps: int = 5,
-                 probe_every: int = 100, off_steps: int = 4, max_off_steps: int = 256,
+    def __init__(self, max_depth: int, device: torch.device, start_up_steps: int = 5,
+                 excursion_every: int = 100, off_steps: int = 4, max_off_steps: int = 256,
                  auto_width: AutoWidth | None = None, plain_every: int = 64) -> None:
         self.cost = StepCostModel()
         self.calibration = DepthCalibration(max_depth, device)
@@ -79,8 +79,8 @@ class AdaptiveVerification:
         self.outlook = TreeOutlook(self.cost, self.trusted_after)
         self.pause = PausePolicy(off_steps, max_off_steps)
         self.auto_width = auto_width  # ``width: "auto"``: narrows the tree with the counts
-        self.probe_steps = probe_steps
-        self.probe_every = probe_every
+        self.start_up_steps = start_up_steps
+        self.excursion_every = excursion_every
         self.plain_every = plain_every
         self.steps = 0  # drafted steps (choices made)
         self._step = ProposerStep()
@@ -120,7 +120,7 @@ class AdaptiveVerification:
     def _judge(self, requests: int, expected: float, nodes: int, curve: list[float]) -> None:
         """After a drafted step: the pause policy's judgement of it (none in start-up, nor
         before the cost model predicts a positive time)."""
-        if self.steps <= self.probe_steps:
+        if self.steps <= self.start_up_steps:
             self.pause.start_up(self.steps)
             return
         tree_ms = float(self.cost.predict(requests, nodes))
@@ -142,14 +142,14 @@ class AdaptiveVerification:
     def _node_count(self, acceptance: torch.Tensor, step_ms: torch.Tensor,
                     total: int) -> torch.Tensor:
         """n of the class docstring (0-dim tensor)."""
-        if self.steps < self.probe_steps:
-            fraction = self.PROBE_FRACTIONS[self.steps % len(self.PROBE_FRACTIONS)]
+        if self.steps < self.start_up_steps:
+            fraction = self.START_UP_FRACTIONS[self.steps % len(self.START_UP_FRACTIONS)]
             return torch.tensor(round(fraction * total), device=acceptance.device)
         chosen = best_node_count(acceptance, step_ms.clamp(min=1e-3).to(
             acceptance.device, torch.float32))
-        if self.probe_every and self.steps % self.probe_every == 0:
-            probe = self.steps // self.probe_every % 2
-            chosen = (chosen + -(-total // 4)).clamp(max=total) if probe else chosen * 0
+        if self.excursion_every and self.steps % self.excursion_every == 0:
+            above = self.steps // self.excursion_every % 2
+            chosen = (chosen + -(-total // 4)).clamp(max=total) if above else chosen * 0
         if self.cost.tree_steps < self.trusted_after:
             chosen = chosen.clamp(min=-(-total // 4))
         return chosen

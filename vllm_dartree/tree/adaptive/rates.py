@@ -77,7 +77,7 @@ class MeasuredRates:
         return not self._paid.get(requests, True)
 
     def needs_plain(self, requests: int) -> bool:
-        """Whether plain decoding at ``requests`` has fewer than three probes' samples."""
+        """Whether plain decoding at ``requests`` has fewer than three plain samplings."""
         return self._sums.get((False, requests), (0.0, 0.0, 0))[2] < 3 * self.min_off
 
     def forget_drafting(self, requests: int) -> None:
