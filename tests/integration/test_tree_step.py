@@ -157,12 +157,12 @@ def test_a_whole_step_against_naive_walks(seed):
     # Target forward: depth positions inside, sequential positions after.
     positions = torch.arange(num_rows) + 100
     with step.target_forward(positions, kv_caches=lambda: "the layers") as active:
-        assert tree_context.active_plan() is active is plan
+        assert tree_context.plan_for(None) is active is plan
         for req in plan.req_ids:
             root, node_rows, _ = layout[req]
             nodes = scheduled_nodes(req, trees, len(node_rows))
             assert positions[node_rows].tolist() == [100 + root + d for _, d, _, _ in nodes]
-    assert tree_context.active_plan() is None
+    assert tree_context.plan_for(None) is None
     assert torch.equal(positions, torch.arange(num_rows) + 100)
 
     # The target prefers, at each verify row, a child's token half the time.
@@ -252,7 +252,7 @@ def test_a_step_where_no_request_drafted_runs_as_plain_decoding():
     assert step.plan(REQ_IDS, [0] * len(REQ_IDS), decode, {}, verify_as_chain=False) is None
     positions = torch.arange(len(REQ_IDS))
     with step.target_forward(positions, lambda: None) as active:
-        assert active is None and tree_context.active_plan() is None
+        assert active is None and tree_context.plan_for(None) is None
     assert torch.equal(positions, torch.arange(len(REQ_IDS)))
     assert accept(step, torch.zeros(len(REQ_IDS), VOCAB), SimpleNamespace(all_greedy=True),
                        0) is None
@@ -269,7 +269,7 @@ def test_batches_that_read_the_drafted_prefix_are_left_to_vllm():
     assert step.plan(REQ_IDS, NUM_DRAFTS, NUM_SCHEDULED, CHAIN_TOKENS, True) is None
     positions = torch.arange(24)
     with step.target_forward(positions, lambda: None) as active:
-        assert active is None and tree_context.active_plan() is None
+        assert active is None and tree_context.plan_for(None) is None
     assert accept(step, torch.zeros(18, VOCAB), SimpleNamespace(all_greedy=True), 6) is None
 
 

@@ -42,7 +42,7 @@ def watch_public_calls(policy: AdaptiveVerification, fired: Counter) -> None:
 
     def watched_should_draft(requests):
         drafts = watched(should_draft, requests)
-        if drafts and not last["drafted"] and policy.pause.backoff == policy.max_off_steps:
+        if drafts and not last["drafted"] and policy.pause.backoff == policy.pause.max_off_steps:
             fired["probe at the largest back-off"] += 1
         last["drafted"] = drafts
         return drafts

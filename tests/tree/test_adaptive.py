@@ -486,7 +486,7 @@ def test_a_veto_keeps_the_back_off_growing_until_drafting_measures_paying():
     the model approves every drafted step in between; once drafting measures paying, the
     model's approval resets the back-off."""
     policy, tree = trained_policy(ms_per_row=0.0), random_trees(5)
-    policy.max_off_steps = 64
+    policy.pause.max_off_steps = 64
 
     def veto(on_ms: float) -> int:
         for _ in range(policy.measured.min_on):
@@ -503,7 +503,7 @@ def test_a_veto_keeps_the_back_off_growing_until_drafting_measures_paying():
 
     assert [veto(on_ms=40.0) for _ in range(3)] == [4, 8, 16]
     veto(on_ms=20.0)  # measured: 0.175 tokens/ms drafting against 0.12 plain
-    assert policy.pause.backoff == policy.off_steps
+    assert policy.pause.backoff == policy.pause.off_steps
 
 
 def test_drafting_pauses_to_measure_plain_steps():

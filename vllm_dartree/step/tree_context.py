@@ -36,10 +36,6 @@ def tree_verify(plan: VerifyPlan) -> Iterator[None]:
         _cache.clear()
 
 
-def active_plan() -> VerifyPlan | None:
-    return _active_plan
-
-
 PLAN_ATTR = "dartree_plan"  # on a V2 target layer's attention metadata
 
 

@@ -90,18 +90,6 @@ class AdaptiveVerification:
         """g (host copy, read with each choice)."""
         return self.delivery.scale
 
-    @property
-    def off_steps(self) -> int:
-        return self.pause.off_steps
-
-    @property
-    def max_off_steps(self) -> int:
-        return self.pause.max_off_steps
-
-    @max_off_steps.setter
-    def max_off_steps(self, steps: int) -> None:
-        self.pause.max_off_steps = steps
-
     # ---- drafting on or off ----------------------------------------------------------
     def should_draft(self, requests: int) -> bool:
         """Whether this step, with ``requests`` in its batch, should draft trees for the next
