@@ -80,7 +80,6 @@ def test_tree_rows_get_penalties_along_their_paths():
     """V1's tree rows (``v1/sampling.add_penalties_on_paths``): row i counts its request's
     output plus its own path; the result equals vLLM's penalties of the row alone with the
     path appended to its output (what target-only decoding applies after that path)."""
-    import numpy as np
     from vllm.model_executor.layers.utils import apply_penalties
 
     from vllm_dartree.integration.v1.sampling import add_penalties_on_paths
@@ -94,7 +93,7 @@ def test_tree_rows_get_penalties_along_their_paths():
         presence_penalties=torch.tensor([0.5, 0.0, 1.0]),
         frequency_penalties=torch.tensor([0.3, 0.0, 0.0]),
         repetition_penalties=torch.tensor([1.3, 1.0, 0.7]))
-    request = np.array([0, 0, 0, 1, 2, 2])  # rows per request: 3, 1, 2
+    request = torch.tensor([0, 0, 0, 1, 2, 2])  # rows per request: 3, 1, 2
     row_paths = [[], [8], [8, 11], [], [], [9]]
     paths = torch.full((6, 2), vocab)
     for row, path in enumerate(row_paths):

@@ -182,8 +182,7 @@ class TreeSampler(V1RunnerPatch):
             sampling = self.input_batch.sampling_metadata
 
             def choose(plan):  # the target's token at every row, its sampling applied
-                rows = tree_rows_as_target_only(logits, sampling,
-                                                spec_decode_metadata.num_draft_tokens, plan)
+                rows = tree_rows_as_target_only(logits, sampling, plan)
                 return step.verifier.target_choice(rows, plan, sampling)
 
             sampled, paths = step.accept_with(choose, spec_decode_metadata.max_spec_len + 1)

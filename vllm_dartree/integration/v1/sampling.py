@@ -119,17 +119,18 @@ def biases_and_min_p(sampling_metadata) -> tuple[dict[int, dict[int, float]] | N
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor, sampling_metadata,
-                request: np.ndarray) -> None:
-    """:func:`mask_below_min_p` of rows whose batch index is ``request`` [rows] (host)."""
-    rows = torch.from_numpy(request)
-    mask_below_min_p(logits, min_p[rows].to(logits.device),
-                     sampling_metadata.temperature[rows.to(logits.device)])
+                request: torch.Tensor) -> None:
+    """:func:`mask_below_min_p` of rows whose batch index is ``request`` [rows] (on the
+    logits' device; ``min_p`` per batch index, on the host)."""
+    mask_below_min_p(logits, min_p.to(logits.device)[request],
+                     sampling_metadata.temperature[request])
 
 
-def add_penalties_on_paths(logits: torch.Tensor, sampling_metadata, request: np.ndarray,
+def add_penalties_on_paths(logits: torch.Tensor, sampling_metadata, request: torch.Tensor,
                            paths: torch.Tensor) -> None:
     """Presence, frequency and repetition penalties on every row, in place: row i counts its
-    request's output so far (batch index ``request[i]``, vLLM's ``output_token_ids``) plus
+    request's output so far (batch index ``request[i]``, on the logits' device; vLLM's
+    ``output_token_ids``) plus
     ``paths[i]`` (its tree path, padded with the vocabulary size), through vLLM's
     ``apply_penalties``: what V1's rejection sampler does for a chain row with the chain's
     prefix."""
@@ -141,12 +142,11 @@ def add_penalties_on_paths(logits: torch.Tensor, sampling_metadata, request: np.
     for i, tokens in enumerate(outputs):
         table[i, : len(tokens)] = tokens
     table[table == -1] = vocab  # async scheduling's placeholders of rows without penalties
-    rows = torch.from_numpy(request).to(logits.device)
-    output_rows = torch.cat([torch.from_numpy(table).to(logits.device)[rows], paths], dim=1)
-    apply_penalties(logits, sampling_metadata.prompt_token_ids[rows], output_rows,
-                    sampling_metadata.presence_penalties[rows],
-                    sampling_metadata.frequency_penalties[rows],
-                    sampling_metadata.repetition_penalties[rows])
+    output_rows = torch.cat([torch.from_numpy(table).to(logits.device)[request], paths], dim=1)
+    apply_penalties(logits, sampling_metadata.prompt_token_ids[request], output_rows,
+                    sampling_metadata.presence_penalties[request],
+                    sampling_metadata.frequency_penalties[request],
+                    sampling_metadata.repetition_penalties[request])
 
 
 def short_of_min_tokens(sampling_metadata) -> dict[int, tuple] | None:
@@ -184,10 +184,10 @@ def mask_stop_before_min_tokens(logits: torch.Tensor, short: dict[int, tuple],
     logits[index] = torch.where(depth[row] < remaining, float("-inf"), logits[index])
 
 
-def tree_rows_as_target_only(logits: torch.Tensor, sampling_metadata,
-                             num_draft_tokens: list[int], plan: VerifyPlan) -> torch.Tensor:
-    """The step's logits rows (request r's ``num_draft_tokens[r] + 1`` rows one after another)
-    with each request's allowed token ids, logit bias, min_tokens, penalties and min p
+def tree_rows_as_target_only(logits: torch.Tensor, sampling_metadata, plan: VerifyPlan
+                             ) -> torch.Tensor:
+    """The step's logits rows (laid out as ``plan`` says: each request's rows one after
+    another) with each request's allowed token ids, logit bias, min_tokens, penalties and min p
     applied in target-only's order (mask, bias and min_tokens by the row's depth, penalties
     over the output so far plus the row's tree path, then min p at the row's temperature;
     the tree verifier then applies temperature, top-k and top-p), in float32 as vLLM's
@@ -199,13 +199,12 @@ def tree_rows_as_target_only(logits: torch.Tensor, sampling_metadata,
     short = short_of_min_tokens(sampling_metadata)
     if allowed is None and biases is None and min_p is None and not penalties and not short:
         return logits
-    rows_per_request = [n + 1 for n in num_draft_tokens]
-    request = row_requests(rows_per_request)
+    rows_per_request = np.diff([*plan.logit_starts, plan.num_logit_rows]).tolist()
+    request = plan.request_of_logit_row
     logits = logits.to(torch.float32, copy=True)
     paths = path_tokens(plan, logits.shape[1]) if penalties or short else None
     if allowed is not None:
-        logits.masked_fill_(allowed[torch.from_numpy(request).to(logits.device)],
-                            float("-inf"))
+        logits.masked_fill_(allowed[request], float("-inf"))
     if biases is not None:
         add_logit_bias(logits, biases, rows_per_request)
     if short:
@@ -275,8 +274,8 @@ class ChainRowsLogitBiasAndMinP(VllmPatch):
                 add_logit_bias(logits, biases, metadata.num_draft_tokens)
             logits = original(self, logits, sampling_metadata, metadata)
             if min_p is not None:
-                apply_min_p(logits, min_p, sampling_metadata,
-                            row_requests(metadata.num_draft_tokens))
+                request = torch.from_numpy(row_requests(metadata.num_draft_tokens))
+                apply_min_p(logits, min_p, sampling_metadata, request.to(logits.device))
             return logits
 
         return apply_logits_processors

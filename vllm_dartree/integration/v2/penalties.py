@@ -61,8 +61,8 @@ class PenaltiesOnTreePaths(VllmPatch):
     def replacement(cls, original):
         @functools.wraps(original)
         def apply(self, logits, ctx):
-            paths = getattr(self, PATHS_ATTR, None)
-            if paths is None or not np.any(self.use_penalty[ctx.idx_mapping_np]):
+            paths = getattr(self, PATHS_ATTR, None)  # set only where a request has some
+            if paths is None:
                 return original(self, logits, ctx)
             apply_on_paths(self, logits, ctx, paths)
             return logits
